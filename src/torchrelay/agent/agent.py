@@ -1,0 +1,153 @@
+"""The node agent: the torchrun-like part that owns this node's processes.
+
+It starts workers and spares with the job's environment, writes each process's output to
+``RUN_DIR/logs/<process>.log`` while streaming it with a prefix, reports every exit to the
+controller as soon as ``waitpid`` returns, and executes fences (SIGKILL), so a process the
+controller declared dead can never take part again.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from typing import IO
+
+from torchrelay.config import JobConfig
+
+ExitCallback = Callable[[str, int], None]
+
+
+class NodeAgent:
+    """Owns the processes of one node; thread-safe."""
+
+    def __init__(
+        self,
+        config: JobConfig,
+        node: str,
+        on_exit: ExitCallback,
+        label: Callable[[str], str] = lambda process: process,
+    ) -> None:
+        self.config = config
+        self.node = node
+        self.environment: dict[str, str] = dict(os.environ)
+        self._on_exit = on_exit
+        self._label = label
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._print_lock = threading.Lock()
+        self._spare_count = 0
+        self._stopping = False
+        self.log_dir = config.run_dir / "logs"
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+
+    # ------------------------------------------------------------------ start
+    def start_workers(self) -> None:
+        first = self.config.node_rank * self.config.nproc_per_node
+        for local_rank in range(self.config.nproc_per_node):
+            rank = first + local_rank
+            self._start(
+                f"worker{rank}", "worker", {"RANK": str(rank), "LOCAL_RANK": str(local_rank)}
+            )
+
+    def start_spare(self) -> None:
+        with self._lock:
+            if self._stopping:
+                return
+            name = f"spare{self._spare_count}"
+            self._spare_count += 1
+        self._start(name, "spare", {})
+
+    def _start(self, process: str, role: str, extra: dict[str, str]) -> None:
+        env = {
+            **self.environment,
+            **extra,
+            "TORCHRELAY_PROCESS": process,
+            "TORCHRELAY_ROLE": role,
+            "TORCHRELAY_NODE": self.node,
+        }
+        command = [sys.executable, "-u", self.config.script, *self.config.script_args]
+        proc = subprocess.Popen(
+            command,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+        with self._lock:
+            self._procs[process] = proc
+        thread = threading.Thread(
+            target=self._supervise, args=(process, proc), name=f"agent-{process}", daemon=True
+        )
+        thread.start()
+        self._threads.append(thread)
+
+    # ------------------------------------------------------------------ watch
+    def _supervise(self, process: str, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdout is not None
+        pump = threading.Thread(target=self._pump, args=(process, proc.stdout), daemon=True)
+        pump.start()
+        returncode = proc.wait()
+        pump.join(timeout=2.0)
+        self._on_exit(process, returncode)
+
+    def _pump(self, process: str, stream: IO[bytes]) -> None:
+        with (self.log_dir / f"{process}.log").open("ab") as log:
+            for raw in iter(stream.readline, b""):
+                log.write(raw)
+                log.flush()
+                if self.config.stream_output:
+                    line = raw.decode(errors="replace").rstrip("\n")
+                    with self._print_lock:
+                        print(f"[{self._label(process)}] {line}", flush=True)
+
+    # ------------------------------------------------------------------ fence / stop
+    def pid(self, process: str) -> int | None:
+        proc = self._procs.get(process)
+        return None if proc is None else proc.pid
+
+    def fence(self, process: str) -> None:
+        """SIGKILL ``process`` if it is still alive (works on stopped processes too)."""
+        proc = self._procs.get(process)
+        if proc is not None and proc.poll() is None:
+            try:
+                os.kill(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def alive(self) -> list[str]:
+        with self._lock:
+            return [name for name, proc in self._procs.items() if proc.poll() is None]
+
+    def stop_all(self, grace: float = 5.0) -> None:
+        """SIGTERM everything, then SIGKILL what is left after ``grace`` seconds."""
+        with self._lock:
+            self._stopping = True
+            procs = list(self._procs.values())
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def wait_all(self, timeout: float) -> bool:
+        """Wait until every process has exited; ``False`` on timeout."""
+        with self._lock:
+            self._stopping = True
+            procs = list(self._procs.values())
+        for proc in procs:
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                return False
+        for thread in self._threads:
+            thread.join(timeout=5.0)
+        return True

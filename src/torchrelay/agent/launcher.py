@@ -1,0 +1,118 @@
+"""``torchrelay run`` on one node: the TCP store, the controller, its RPC server and the agent.
+
+The launcher returns the job's exit status: 0 when every slot finished its steps, 1 when the
+controller ended the job (the reason is printed and written to the ledger).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import signal
+import threading
+from typing import Any
+
+import torch.distributed as dist
+
+from torchrelay.agent.agent import NodeAgent
+from torchrelay.config import JobConfig
+from torchrelay.control.controller import Controller
+from torchrelay.control.service import ControlServer
+from torchrelay.control.wire import new_token
+from torchrelay.ledger import Ledger
+
+
+class Launch:
+    """One job on this node: owns the store, the controller, the RPC server and the agent."""
+
+    def __init__(self, config: JobConfig) -> None:
+        self.config = config
+        config.run_dir.mkdir(parents=True, exist_ok=True)
+        self.ledger = Ledger(config.run_dir / "ledger.jsonl")
+        self.token = new_token()
+        # The store is the rendezvous for every generation's process group (keys are prefixed
+        # by generation), hosted here so it lives exactly as long as the job.
+        self.store = dist.TCPStore(
+            config.master_addr,
+            config.master_port,
+            is_master=True,
+            wait_for_workers=False,
+            timeout=datetime.timedelta(seconds=config.collective_timeout),
+        )
+        self.agent = NodeAgent(
+            config, node=f"node{config.node_rank}", on_exit=self._on_exit, label=self._label
+        )
+        self.controller = Controller(config, self.ledger, self.agent)
+        self.server = ControlServer(
+            self.controller, self.token, host=config.master_addr, port=config.control_port
+        )
+        self.agent.environment = self._environment()
+
+    def _environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            {
+                "MASTER_ADDR": self.config.master_addr,
+                "MASTER_PORT": str(self.store.port),
+                "WORLD_SIZE": str(self.config.world_size),
+                "LOCAL_WORLD_SIZE": str(self.config.nproc_per_node),
+                "GROUP_RANK": str(self.config.node_rank),
+                "TORCHRELAY_CONTROL": self.server.address,
+                "TORCHRELAY_TOKEN": self.token,
+                "TORCHRELAY_RUN_DIR": str(self.config.run_dir),
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        # Like torchrun: several processes per node must not each spawn a thread per core.
+        env.setdefault("OMP_NUM_THREADS", "1")
+        return env
+
+    def _label(self, process: str) -> str:
+        member = self.controller.members.get(process)
+        if member is not None and member.slot is not None and process.startswith("spare"):
+            return f"rank{member.slot}<{process}"
+        return process.replace("worker", "rank")
+
+    def _on_exit(self, process: str, returncode: int) -> None:
+        self.controller.on_exit(process, returncode)
+
+    def run(self) -> dict[str, Any]:
+        """Run the job to its end and return the controller's outcome."""
+        self.ledger.record(
+            "job_start",
+            world_size=self.config.world_size,
+            spares=self.config.spares,
+            script=self.config.script,
+            args=self.config.script_args,
+            chaos=[e.to_dict() for e in self.config.chaos],
+            run_dir=str(self.config.run_dir),
+        )
+        self.server.start()
+        interrupted = threading.Event()
+        previous = signal.getsignal(signal.SIGINT)
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, lambda *_: interrupted.set())
+        try:
+            self.agent.start_workers()
+            for _ in range(self.config.spares):
+                self.agent.start_spare()
+            outcome = None
+            while outcome is None and not interrupted.is_set():
+                outcome = self.controller.wait_finished(timeout=0.5)
+            if outcome is None:
+                self.controller.stop("interrupted by the user (SIGINT)")
+                outcome = self.controller.outcome
+            assert outcome is not None
+            if outcome["status"] != "succeeded" or not self.agent.wait_all(timeout=30.0):
+                self.agent.stop_all()
+            return outcome
+        finally:
+            if threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGINT, previous)
+            self.server.stop()
+            self.ledger.close()
+
+
+def launch(config: JobConfig) -> dict[str, Any]:
+    """Run one job described by ``config``; see :class:`Launch`."""
+    return Launch(config).run()

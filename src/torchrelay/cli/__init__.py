@@ -1,0 +1,1 @@
+"""The ``torchrelay`` command line."""

@@ -1,0 +1,128 @@
+"""``torchrelay run``: the torchrun-compatible launcher."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from torchrelay.agent.launcher import launch
+from torchrelay.chaos import ChaosSpecError, parse_schedule
+from torchrelay.config import JobConfig
+from torchrelay.report.summary import render_text, summarize
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "run",
+        help="launch a training script (torchrun-compatible) with live recovery",
+        description="Launch SCRIPT on this node with hot spares; a failed worker is rebuilt "
+        "on a spare from its live data-parallel replicas and training resumes at the next step.",
+    )
+    p.add_argument("--nnodes", type=int, default=1, help="number of nodes (only 1 for now)")
+    p.add_argument(
+        "--nproc-per-node",
+        "--nproc_per_node",
+        dest="nproc_per_node",
+        type=int,
+        default=1,
+        help="workers per node (one per slot)",
+    )
+    p.add_argument("--node-rank", "--node_rank", dest="node_rank", type=int, default=0)
+    p.add_argument(
+        "--rdzv-endpoint",
+        "--rdzv_endpoint",
+        dest="rdzv_endpoint",
+        default="127.0.0.1:0",
+        help="HOST:PORT of the job's store (0: any free port)",
+    )
+    p.add_argument(
+        "--max-restarts",
+        "--max_restarts",
+        dest="max_restarts",
+        type=int,
+        default=3,
+        help="replacements granted to failures that look like script bugs "
+        "(exceptions, non-zero exits) before the job stops; as in torchrun",
+    )
+    p.add_argument("--spares", type=int, default=1, help="hot spare processes to keep ready")
+    p.add_argument(
+        "--spare-timeout",
+        type=float,
+        default=300.0,
+        help="seconds a recovery waits for a spare before the job stops",
+    )
+    p.add_argument(
+        "--halt-timeout",
+        type=float,
+        default=120.0,
+        help="seconds survivors get to stop their step in flight",
+    )
+    p.add_argument(
+        "--run-dir",
+        type=Path,
+        default=None,
+        help="where the ledger and logs go (default: runs/<timestamp>)",
+    )
+    p.add_argument(
+        "--chaos",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="inject a fault, e.g. kill:rank=2:step=10[:phase=backward] (repeatable)",
+    )
+    p.add_argument("--quiet", action="store_true", help="do not stream worker output")
+    p.add_argument("script", help="the training script")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
+    p.set_defaults(func=run)
+
+
+def config_from_args(args: argparse.Namespace) -> JobConfig:
+    if args.nnodes != 1:
+        raise SystemExit("torchrelay run: --nnodes > 1 is not supported yet (one node only)")
+    if args.nproc_per_node < 1 or args.spares < 0:
+        raise SystemExit("torchrelay run: --nproc-per-node must be >= 1 and --spares >= 0")
+    host, _, port = args.rdzv_endpoint.rpartition(":")
+    if not host or not port.isdigit():
+        raise SystemExit(
+            f"torchrelay run: --rdzv-endpoint must be HOST:PORT, not {args.rdzv_endpoint!r}"
+        )
+    script_args = list(args.script_args)
+    if script_args[:1] == ["--"]:
+        script_args = script_args[1:]
+    world_size = args.nnodes * args.nproc_per_node
+    try:
+        chaos = parse_schedule(args.chaos, world_size)
+    except ChaosSpecError as exc:
+        raise SystemExit(f"torchrelay run: {exc}") from None
+    run_dir = args.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+    return JobConfig(
+        script=args.script,
+        script_args=script_args,
+        nproc_per_node=args.nproc_per_node,
+        run_dir=run_dir,
+        spares=args.spares,
+        nnodes=args.nnodes,
+        node_rank=args.node_rank,
+        max_restarts=args.max_restarts,
+        spare_timeout=args.spare_timeout,
+        halt_timeout=args.halt_timeout,
+        chaos=chaos,
+        master_addr=host,
+        master_port=int(port),
+        stream_output=not args.quiet,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
+    if not Path(config.script).is_file():
+        raise SystemExit(f"torchrelay run: script {config.script!r} not found")
+    outcome = launch(config)
+    print(render_text(summarize(config.run_dir)), flush=True)
+    if outcome["status"] != "succeeded":
+        if outcome.get("traceback"):
+            print(outcome["traceback"], flush=True)
+        print(f"torchrelay: job failed: {outcome['reason']}", flush=True)
+        return 1
+    return 0

@@ -1,0 +1,41 @@
+"""Job configuration shared by the launcher, the controller and the agent."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from torchrelay.chaos import ChaosEvent
+
+
+@dataclass
+class JobConfig:
+    """Everything that defines one torchrelay job on this launcher.
+
+    ``max_restarts`` mirrors torchrun: how many times a failure that looks like a bug in the
+    script (a Python exception, a non-zero exit) is answered by handing the slot to a
+    replacement before the job stops. Hardware-like failures (killed by a signal) are recovered
+    as long as spares exist. ``spare_timeout`` bounds how long a recovery waits for a spare;
+    ``halt_timeout`` bounds how long it waits for survivors to stop their step in flight.
+    """
+
+    script: str
+    script_args: list[str]
+    nproc_per_node: int
+    run_dir: Path
+    spares: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    max_restarts: int = 3
+    spare_timeout: float = 300.0
+    halt_timeout: float = 120.0
+    collective_timeout: float = 300.0
+    chaos: list[ChaosEvent] = field(default_factory=list)
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0
+    control_port: int = 0
+    stream_output: bool = True
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.nproc_per_node

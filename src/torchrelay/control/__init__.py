@@ -1,0 +1,1 @@
+"""The controller: membership, generations, recovery planning, the ledger, the control RPC."""

@@ -1,0 +1,563 @@
+"""The controller: the single source of truth about a job's membership and recovery.
+
+It receives reports (process joined, step committed, step halted, recovery phase done, user
+exception, process exited), decides with the pure planner, publishes plans to the processes'
+watch streams, and writes every event to the ledger. Steady-state training never waits on it:
+workers only report progress asynchronously.
+"""
+
+from __future__ import annotations
+
+import queue
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from torchrelay.chaos import ChaosEvent
+from torchrelay.config import JobConfig
+from torchrelay.control.planner import (
+    PlanningError,
+    RecoveryPlan,
+    Spare,
+    choose_replacements,
+    plan_recovery,
+)
+from torchrelay.ledger import Ledger
+
+
+class FencedError(RuntimeError):
+    """A process of an older generation tried to take part in a newer one."""
+
+
+class ProtocolError(ValueError):
+    """A well-authenticated message that makes no sense for the job's current state."""
+
+
+class AgentHandle(Protocol):
+    """What the controller needs from the node agent(s)."""
+
+    def start_spare(self) -> None: ...
+
+    def fence(self, process: str) -> None: ...
+
+
+@dataclass
+class Member:
+    """One process known to the controller."""
+
+    process: str
+    role: str
+    node: str
+    pid: int
+    slot: int | None = None
+    generation: int = -1
+    state: str = "starting"
+    committed: int = -1
+    error: dict[str, Any] | None = None
+    outbox: queue.Queue[dict[str, Any]] = field(default_factory=queue.Queue)
+
+
+@dataclass
+class Recovery:
+    """Timeline of one recovery, filled as the phases complete."""
+
+    failures: list[dict[str, Any]]
+    detected: float
+    plan: RecoveryPlan | None = None
+    planned: float = 0.0
+    phases: dict[str, dict[int, dict[str, Any]]] = field(default_factory=dict)
+    in_flight: set[int] = field(default_factory=set)
+
+
+class Controller:
+    """Membership, generations and recovery for one job (see DESIGN.md, invariants 1-6)."""
+
+    def __init__(self, config: JobConfig, ledger: Ledger, agent: AgentHandle) -> None:
+        self.config = config
+        self.ledger = ledger
+        self.agent = agent
+        self.generation = 0
+        self.assignments: dict[int, str] = {}
+        self.members: dict[str, Member] = {}
+        self.chaos_pending: dict[int, ChaosEvent] = {e.id: e for e in config.chaos}
+        self.highest_committed = -1
+        self.bug_restarts = 0
+        self.spare_failures = 0
+        self.outcome: dict[str, Any] | None = None
+        self._cond = threading.Condition()
+        self._failed: dict[int, dict[str, Any]] = {}
+        self._recovery: Recovery | None = None
+        self._recovery_thread: threading.Thread | None = None
+        self._done: set[int] = set()
+
+    # ---------------------------------------------------------------- queries
+    @property
+    def finished(self) -> bool:
+        return self.outcome is not None
+
+    def wait_finished(self, timeout: float | None = None) -> dict[str, Any] | None:
+        with self._cond:
+            self._cond.wait_for(lambda: self.outcome is not None, timeout)
+            return self.outcome
+
+    def stop(self, reason: str) -> None:
+        """End the job as failed with ``reason`` (operator interrupt, launcher shutdown)."""
+        with self._cond:
+            self._fail(reason)
+
+    # ---------------------------------------------------------------- reports
+    def join(self, process: str, role: str, pid: int, node: str, slot: int | None) -> dict:
+        """Register a process; workers name their slot, spares get one later."""
+        if role not in ("worker", "spare"):
+            raise ProtocolError(f"unknown role {role!r}")
+        with self._cond:
+            if process in self.members:
+                raise ProtocolError(f"process {process!r} joined twice")
+            member = Member(process, role, node, pid)
+            if role == "worker":
+                if slot is None or not 0 <= slot < self.config.world_size:
+                    raise ProtocolError(f"worker slot {slot!r} outside world size")
+                if self.generation != 0 or slot in self.assignments:
+                    raise FencedError(
+                        f"slot {slot} is already filled in generation {self.generation}; "
+                        "a worker can only join at job start"
+                    )
+                member.slot, member.generation, member.state = slot, 0, "active"
+                self.assignments[slot] = process
+            self.members[process] = member
+            if self.finished:
+                # A refill spare that comes up after the job ended must not wait forever.
+                member.outbox.put({"type": "finish"})
+            self.ledger.record("process_join", process=process, role=role, slot=slot, pid=pid)
+            return {
+                "world_size": self.config.world_size,
+                "generation": member.generation,
+                "chaos": self._chaos_for(slot),
+                "collective_timeout": self.config.collective_timeout,
+            }
+
+    def _chaos_for(self, slot: int | None) -> list[dict[str, Any]]:
+        if slot is None:
+            return []
+        return [e.to_dict() for e in self.chaos_pending.values() if e.rank == slot]
+
+    def watch(self, process: str) -> Iterator[dict[str, Any]]:
+        """Messages for ``process`` (abort, plan, finish), in order, until it should stop."""
+        with self._cond:
+            member = self._member(process)
+        while True:
+            try:
+                message = member.outbox.get(timeout=0.5)
+            except queue.Empty:
+                if member.state in ("dead", "fenced"):
+                    return
+                continue
+            yield message
+            if message["type"] in ("finish", "fenced"):
+                return
+
+    def report(self, process: str, kind: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Handle one report from a process; raises :class:`FencedError` for stale ones."""
+        handler = {
+            "progress": self._on_progress,
+            "ready": self._on_ready,
+            "halted": self._on_halted,
+            "phase": self._on_phase,
+            "done": self._on_done,
+            "error": self._on_error,
+            "chaos_fired": self._on_chaos_fired,
+        }.get(kind)
+        if handler is None:
+            raise ProtocolError(f"unknown report kind {kind!r}")
+        with self._cond:
+            member = self._member(process)
+            if kind != "error":
+                self._check_fence(member, body)
+            result = handler(member, body) or {}
+            self._cond.notify_all()
+            return result
+
+    def _member(self, process: str) -> Member:
+        member = self.members.get(process)
+        if member is None:
+            raise ProtocolError(f"unknown process {process!r}: it never joined this job")
+        return member
+
+    def _check_fence(self, member: Member, body: dict[str, Any]) -> None:
+        generation = body.get("generation", member.generation)
+        stale = member.state == "fenced" or (
+            member.role == "worker"
+            and isinstance(generation, int)
+            and generation < self.generation
+            and member.generation < self.generation
+        )
+        if stale:
+            self.ledger.record(
+                "fenced_refused",
+                process=member.process,
+                slot=member.slot,
+                generation=generation,
+                current_generation=self.generation,
+            )
+            raise FencedError(
+                f"process {member.process} (slot {member.slot}, generation {generation}) was "
+                f"fenced out; the job is at generation {self.generation}"
+            )
+
+    def _on_progress(self, member: Member, body: dict[str, Any]) -> None:
+        step = int(body["step"])
+        member.committed = max(member.committed, step)
+        self.highest_committed = max(self.highest_committed, step)
+        recovery = self._recovery
+        if (
+            body.get("first_after_recovery")
+            and recovery is not None
+            and recovery.plan is not None
+            and body.get("generation") == recovery.plan.generation
+        ):
+            self._phase_done(recovery, member, "first_step", body)
+
+    def _on_ready(self, member: Member, body: dict[str, Any]) -> None:
+        if member.role != "spare" or member.state != "starting":
+            raise ProtocolError(f"{member.process} reported ready but is {member.state}")
+        member.state = "ready"
+        self.ledger.record("spare_ready", process=member.process)
+
+    def _on_halted(self, member: Member, body: dict[str, Any]) -> None:
+        member.committed = int(body["committed"])
+        member.state = "halted"
+        if self._recovery is not None and body.get("in_flight") is not None:
+            self._recovery.in_flight.add(int(body["in_flight"]))
+        self.highest_committed = max(self.highest_committed, member.committed)
+
+    def _on_phase(self, member: Member, body: dict[str, Any]) -> None:
+        recovery = self._recovery
+        if recovery is None or recovery.plan is None:
+            raise ProtocolError("phase report outside of a recovery")
+        self._phase_done(recovery, member, str(body["phase"]), body)
+
+    def _on_done(self, member: Member, body: dict[str, Any]) -> None:
+        member.state = "done"
+        member.committed = int(body["step"])
+        self.highest_committed = max(self.highest_committed, member.committed)
+        if member.slot is not None:
+            self._done.add(member.slot)
+        if self._failed or self._recovery is not None:
+            return
+        if all(m.state == "done" for m in self._slot_members()):
+            self._finish_success()
+
+    def _on_error(self, member: Member, body: dict[str, Any]) -> None:
+        member.error = {"step": body.get("step"), "traceback": str(body.get("traceback", ""))}
+
+    def _on_chaos_fired(self, member: Member, body: dict[str, Any]) -> None:
+        event = self.chaos_pending.pop(int(body["id"]), None)
+        if event is not None:
+            self.ledger.record("chaos_fired", process=member.process, **event.to_dict())
+
+    # ---------------------------------------------------------------- exits
+    def on_exit(self, process: str, returncode: int) -> None:
+        """The agent saw ``process`` exit with ``returncode`` (negative: killed by a signal)."""
+        with self._cond:
+            member = self.members.get(process)
+            if member is None:
+                self.ledger.record(
+                    "process_exit",
+                    process=process,
+                    returncode=returncode,
+                    note="exited before joining",
+                )
+                if returncode != 0 and not self.finished:
+                    self._on_early_exit(process, returncode)
+                return
+            was = member.state
+            member.state = "dead" if was != "fenced" else "fenced"
+            cause = _describe_exit(returncode)
+            self.ledger.record(
+                "process_exit",
+                process=process,
+                slot=member.slot,
+                returncode=returncode,
+                cause=cause,
+                state=was,
+            )
+            if self.finished or (was == "done" and returncode == 0):
+                self._cond.notify_all()
+                return
+            if member.slot is None or self.assignments.get(member.slot) != process:
+                self._on_spare_lost(member, cause)
+                return
+            self._on_worker_lost(member, returncode, cause)
+            self._cond.notify_all()
+
+    def _on_early_exit(self, process: str, returncode: int) -> None:
+        """A process died before it could even join: a broken script or environment."""
+        self.spare_failures += 1
+        if self.spare_failures > self.config.max_restarts:
+            self._fail(
+                f"processes keep exiting before they join the job ({process} exited with "
+                f"{_describe_exit(returncode)}); see RUN_DIR/logs/{process}.log",
+            )
+
+    def _on_spare_lost(self, member: Member, cause: str) -> None:
+        self.spare_failures += 1
+        self.ledger.record(
+            "spare_lost",
+            process=member.process,
+            cause=cause,
+            traceback=(member.error or {}).get("traceback"),
+        )
+        if member.error is not None and self.spare_failures > self.config.max_restarts:
+            self._fail(
+                f"spares keep failing during setup (last: {member.process}, {cause}); "
+                "this is a bug in the script, not a hardware failure",
+                traceback=member.error["traceback"],
+            )
+            return
+        self.agent.start_spare()
+
+    def _on_worker_lost(self, member: Member, returncode: int, cause: str) -> None:
+        assert member.slot is not None
+        kind = "signal" if returncode < 0 else ("exception" if member.error else "exit")
+        failure = {
+            "slot": member.slot,
+            "process": member.process,
+            "last_reported_step": member.committed,
+            "cause": cause,
+            "kind": kind,
+            "detected_by": "process exit (waitpid)",
+            "generation": self.generation,
+            "t": time.time(),
+        }
+        if member.error is not None:
+            failure["traceback"] = member.error["traceback"]
+        self.ledger.record("failure", **failure)
+        if kind != "signal":
+            self.bug_restarts += 1
+            if self.bug_restarts > self.config.max_restarts:
+                self._fail(
+                    f"rank {member.slot} failed with {cause} after step "
+                    f"{member.committed} "
+                    f"{self.bug_restarts} times (max restarts {self.config.max_restarts}); "
+                    "this looks like a bug in the script, not a hardware failure",
+                    traceback=failure.get("traceback"),
+                )
+                return
+        self._failed[member.slot] = failure
+        if self._recovery_thread is None:
+            self._recovery_thread = threading.Thread(
+                target=self._recover_loop, name="torchrelay-recovery", daemon=True
+            )
+            self._recovery_thread.start()
+
+    # ---------------------------------------------------------------- recovery
+    def _slot_members(self) -> list[Member]:
+        return [self.members[p] for p in self.assignments.values()]
+
+    def _recover_loop(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    if not self._failed or self.finished:
+                        self._recovery_thread = None
+                        return
+                self._recover_once()
+        except Exception as exc:  # the controller must end the job loudly, never hang it
+            with self._cond:
+                self._fail(f"recovery crashed in the controller: {exc!r}")
+                self._recovery_thread = None
+
+    def _recover_once(self) -> None:
+        with self._cond:
+            failures = dict(self._failed)
+            recovery = Recovery(list(failures.values()), min(f["t"] for f in failures.values()))
+            self._recovery = recovery
+            old_generation = self.generation
+            survivors = [m for m in self._slot_members() if m.slot not in failures]
+            for member in survivors:
+                member.outbox.put({"type": "abort", "generation": old_generation})
+            for failure in failures.values():
+                self.agent.fence(failure["process"])
+            self.ledger.record(
+                "recovery_start",
+                generation=old_generation,
+                slots=sorted(failures),
+                t=recovery.detected,
+            )
+            ok = self._cond.wait_for(
+                lambda: (
+                    self.finished
+                    or self._failed.keys() != failures.keys()
+                    or len(self._ready_spares()) >= len(failures)
+                ),
+                timeout=self.config.spare_timeout,
+            )
+            if self.finished or self._failed.keys() != failures.keys():
+                return
+            if not ok:
+                self._fail(
+                    f"no spare became ready within {self.config.spare_timeout:.0f} s to replace "
+                    f"slot(s) {sorted(failures)} (started with --spares {self.config.spares}); "
+                    "raise --spares or --spare-timeout"
+                )
+                return
+            halted = self._cond.wait_for(
+                lambda: (
+                    self.finished
+                    or self._failed.keys() != failures.keys()
+                    or all(m.state == "halted" for m in survivors)
+                ),
+                timeout=self.config.halt_timeout,
+            )
+            if self.finished or self._failed.keys() != failures.keys():
+                return
+            if not halted:
+                stuck = sorted(m.slot for m in survivors if m.state != "halted")
+                self._fail(
+                    f"survivor slot(s) {stuck} did not stop their step within "
+                    f"{self.config.halt_timeout:.0f} s after the failure"
+                )
+                return
+            self._publish_plan(recovery, failures, survivors)
+
+        self._await_recovery_done(recovery)
+
+    def _ready_spares(self) -> list[Member]:
+        return [m for m in self.members.values() if m.role == "spare" and m.state == "ready"]
+
+    def _publish_plan(
+        self, recovery: Recovery, failures: dict[int, dict[str, Any]], survivors: list[Member]
+    ) -> None:
+        spares = [Spare(m.process, m.node) for m in self._ready_spares()]
+        nodes = {m.slot: m.node for m in self._slot_members() if m.slot is not None}
+        try:
+            replacements = choose_replacements(
+                {slot: self.members[f["process"]].node for slot, f in failures.items()},
+                spares,
+                nodes,  # type: ignore[arg-type]
+            )
+            plan = plan_recovery(
+                self.generation,
+                self.assignments,
+                replacements,
+                {m.slot: m.committed for m in survivors},  # type: ignore[misc]
+                self.highest_committed,
+            )
+        except PlanningError as exc:
+            self._fail(str(exc))
+            return
+        recovery.plan, recovery.planned = plan, time.time()
+        self.generation = plan.generation
+        self.assignments = dict(plan.assignments)
+        self._failed.clear()
+        self._done.clear()
+        message = {
+            "type": "plan",
+            "generation": plan.generation,
+            "target_step": plan.target_step,
+            "sources": list(plan.sources),
+            "receivers": list(plan.receivers),
+            "assignments": {str(k): v for k, v in plan.assignments.items()},
+        }
+        for slot, process in plan.assignments.items():
+            member = self.members[process]
+            member.slot, member.generation, member.state = slot, plan.generation, "active"
+            member.outbox.put({**message, "slot": slot, "chaos": self._chaos_for(slot)})
+        self.ledger.record(
+            "recovery_planned",
+            generation=plan.generation,
+            target_step=plan.target_step,
+            sources=list(plan.sources),
+            receivers=list(plan.receivers),
+            replaced={str(k): v for k, v in plan.replaced.items()},
+            lost_steps=plan.lost_steps,
+        )
+        for _ in plan.replaced:
+            self.agent.start_spare()
+
+    def _phase_done(self, recovery: Recovery, member: Member, phase: str, body: dict) -> None:
+        recovery.phases.setdefault(phase, {})[member.slot] = {  # type: ignore[index]
+            "t": float(body.get("t", time.time())),
+            **{k: body[k] for k in ("bytes", "seconds") if k in body},
+        }
+
+    def _await_recovery_done(self, recovery: Recovery) -> None:
+        plan = recovery.plan
+        if plan is None:
+            return
+        members = set(plan.assignments)
+        with self._cond:
+            self._cond.wait_for(
+                lambda: (
+                    self.finished
+                    or bool(self._failed)
+                    or members <= set(recovery.phases.get("first_step", {}))
+                )
+            )
+            if self.finished or self._failed:
+                return
+            self._record_recovery(recovery, plan)
+            self._recovery = None
+            if all(m.state == "done" for m in self._slot_members()):
+                self._finish_success()
+
+    def _record_recovery(self, recovery: Recovery, plan: RecoveryPlan) -> None:
+        def latest(phase: str) -> float:
+            return max(v["t"] for v in recovery.phases.get(phase, {0: {"t": 0.0}}).values())
+
+        transfers = recovery.phases.get("transfer_done", {})
+        received = sum(int(v.get("bytes", 0)) for s, v in transfers.items() if s in plan.receivers)
+        timeline = {
+            "detected": recovery.detected,
+            "planned": recovery.planned,
+            "comm_ready": latest("comm_ready"),
+            "transfer_done": latest("transfer_done"),
+            "first_step": latest("first_step"),
+        }
+        self.ledger.record(
+            "recovery_done",
+            generation=plan.generation,
+            slots=sorted(plan.replaced),
+            failures=recovery.failures,
+            target_step=plan.target_step,
+            timeline=timeline,
+            recovery_seconds=timeline["first_step"] - timeline["detected"],
+            bytes_transferred=received,
+            lost_steps=plan.lost_steps,
+            recomputed_steps=len({s for s in recovery.in_flight if s > plan.target_step}),
+            sources=list(plan.sources),
+            receivers=list(plan.receivers),
+        )
+
+    # ---------------------------------------------------------------- endings
+    def _finish_success(self) -> None:
+        self.outcome = {"status": "succeeded", "steps_committed": self.highest_committed + 1}
+        self.ledger.record("job_end", **self.outcome)
+        for member in self.members.values():
+            member.outbox.put({"type": "finish"})
+        self._cond.notify_all()
+
+    def _fail(self, reason: str, traceback: str | None = None) -> None:
+        if self.outcome is not None:
+            return
+        self.outcome = {
+            "status": "failed",
+            "reason": reason,
+            "steps_committed": self.highest_committed + 1,
+        }
+        if traceback:
+            self.outcome["traceback"] = traceback
+        self.ledger.record("job_end", **self.outcome)
+        self._cond.notify_all()
+
+
+def _describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            return signal.Signals(-returncode).name
+        except ValueError:
+            return f"signal {-returncode}"
+    return f"exit code {returncode}"

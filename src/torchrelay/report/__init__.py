@@ -1,0 +1,1 @@
+"""Turn a job's ledger into a summary (text or JSON)."""

@@ -1,0 +1,96 @@
+"""Summarise a run directory's ledger: failures, recoveries, lost and recomputed work."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from torchrelay.ledger import read_ledger
+
+PHASES = ("detected", "planned", "comm_ready", "transfer_done", "first_step")
+
+
+def summarize(run_dir: Path) -> dict[str, Any]:
+    """The machine-readable report of one run (what ``torchrelay report --json`` prints)."""
+    path = run_dir / "ledger.jsonl"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: is {run_dir} a torchrelay run directory?")
+    events = read_ledger(path)
+    start = next((e for e in events if e["event"] == "job_start"), None)
+    end = next((e for e in reversed(events) if e["event"] == "job_end"), None)
+    recoveries = [e for e in events if e["event"] == "recovery_done"]
+    failures = []
+    for event in (e for e in events if e["event"] == "failure"):
+        recovery = next(
+            (r for r in recoveries if any(f["process"] == event["process"] for f in r["failures"])),
+            None,
+        )
+        failures.append(_failure_entry(event, recovery))
+    recovered = [f for f in failures if f["recovered"]]
+    return {
+        "run_dir": str(run_dir),
+        "status": end["status"] if end else "running",
+        "reason": end.get("reason") if end else None,
+        "world_size": start["world_size"] if start else None,
+        "wall_seconds": (end["t"] - start["t"]) if start and end else None,
+        "steps_committed": end["steps_committed"] if end else None,
+        "failures": failures,
+        "zero_loss_recoveries": sum(1 for f in recovered if f["lost_steps"] == 0),
+        "recovered": len(recovered),
+        "chaos_fired": sum(1 for e in events if e["event"] == "chaos_fired"),
+        "refused_messages": sum(
+            1 for e in events if e["event"] in ("fenced_refused", "rejected_message")
+        ),
+    }
+
+
+def _failure_entry(event: dict[str, Any], recovery: dict[str, Any] | None) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "rank": event["slot"],
+        "step": event["last_reported_step"] + 1,
+        "cause": event["cause"],
+        "kind": event["kind"],
+        "detected_by": event["detected_by"],
+        "recovered": recovery is not None,
+        "recovery_seconds": None,
+        "lost_steps": None,
+        "recomputed_steps": None,
+        "bytes_transferred": None,
+    }
+    if recovery is not None:
+        timeline = recovery["timeline"]
+        entry.update(
+            step=recovery["target_step"] + 1,
+            recovery_seconds=recovery["recovery_seconds"],
+            lost_steps=recovery["lost_steps"],
+            recomputed_steps=recovery["recomputed_steps"],
+            bytes_transferred=recovery["bytes_transferred"],
+            resumed_at_step=recovery["target_step"] + 1,
+            phases={f"{a}->{b}": timeline[b] - timeline[a] for a, b in zip(PHASES, PHASES[1:])},
+        )
+    return entry
+
+
+def render_text(summary: dict[str, Any]) -> str:
+    """A readable report of :func:`summarize`'s output."""
+    failures = summary["failures"]
+    lines = [
+        f"run {summary['run_dir']}: {summary['status']}"
+        + (f" -- {summary['reason']}" if summary.get("reason") else ""),
+        f"  steps committed: {summary['steps_committed']}   world size: {summary['world_size']}"
+        + (f"   wall time: {summary['wall_seconds']:.1f} s" if summary["wall_seconds"] else ""),
+        f"  failures: {len(failures)}   recovered: {summary['recovered']}   "
+        f"zero-loss recoveries: {summary['zero_loss_recoveries']}/{len(failures)}",
+    ]
+    for f in failures:
+        head = f"  - rank {f['rank']} step {f['step']}: {f['cause']} ({f['detected_by']})"
+        if not f["recovered"]:
+            lines.append(head + " -- not recovered")
+            continue
+        phases = "  ".join(f"{k} {v * 1000:.0f} ms" for k, v in f["phases"].items())
+        lines.append(
+            f"{head}\n      recovered in {f['recovery_seconds']:.2f} s, resumed at step "
+            f"{f['resumed_at_step']}, lost {f['lost_steps']} step(s), recomputed "
+            f"{f['recomputed_steps']}, moved {f['bytes_transferred'] / 1e6:.3f} MB\n      {phases}"
+        )
+    return "\n".join(lines)

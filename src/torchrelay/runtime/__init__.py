@@ -1,0 +1,1 @@
+"""The in-process runtime: the public API, the stable process group, step commit and recovery."""

@@ -1,0 +1,185 @@
+"""The stable process-group facade that DDP (or user code) holds for the whole job.
+
+DDP keeps one process group for its lifetime; torchrelay replaces the communicator on every
+generation. :class:`StableProcessGroup` is a ``torch.distributed.ProcessGroup`` whose
+collectives run on the current generation's inner group, with three guarantees:
+
+- **never blocks on a dead generation**: every collective runs on private copies of its output
+  tensors and returns a future that the runtime completes itself, either when the inner work
+  finishes or when the controller aborts the generation. A gloo work that can never finish (a
+  stopped peer) is abandoned, and it can no longer write into DDP's buffers.
+- **fails into a poisoned step, not an exception**: a failed or aborted collective leaves its
+  outputs untouched and poisons the step (see :mod:`guard`), so the user's loop body runs on
+  and the runtime skips the optimizer and recovers at the next step boundary.
+- **local mode** before a spare has peers: collectives answer locally (a broadcast keeps the
+  local value, an all-gather replicates it). This serves the setup of a spare (DDP's initial
+  parameter broadcast and shape check). Every tracked tensor is overwritten by the state
+  transfer; untracked state built during setup keeps the spare's local values.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import _create_work_from_future
+from torch.futures import Future
+
+from torchrelay.runtime.guard import StepGuard
+
+Launch = Callable[[dist.ProcessGroup], dist.Work]
+
+
+def new_gloo_group(
+    store: dist.Store, rank: int, size: int, timeout: timedelta
+) -> dist.ProcessGroup:
+    """A gloo group over ``store`` (already prefixed with the generation)."""
+    return dist.ProcessGroupGloo(store, rank, size, timeout)
+
+
+def _completed(value: Any) -> dist.Work:
+    future: Future[Any] = Future()
+    future.set_result(value)
+    return _create_work_from_future(future)
+
+
+class StableProcessGroup(dist.ProcessGroup):
+    """A process group whose communicator is swapped per generation; see the module doc."""
+
+    def __init__(self, size: int, guard: StepGuard) -> None:
+        super().__init__(0, size)
+        self._size = size
+        self._rank = 0
+        self._guard = guard
+        self._inner: dist.ProcessGroup | None = None
+        self._force_local = 0
+        self._local_lock = threading.Lock()
+        self.after_allreduce_launch: Callable[[], None] | None = None
+
+    # ------------------------------------------------------------- identity
+    def rank(self) -> int:
+        return self._rank
+
+    def size(self) -> int:
+        return self._size
+
+    def getBackendName(self) -> str:
+        return "torchrelay"
+
+    @property
+    def inner(self) -> dist.ProcessGroup | None:
+        return self._inner
+
+    def bind(self, inner: dist.ProcessGroup, rank: int) -> dist.ProcessGroup | None:
+        """Route collectives to ``inner`` as ``rank``; return the group it replaces."""
+        previous, self._inner, self._rank = self._inner, inner, rank
+        return previous
+
+    @contextlib.contextmanager
+    def local(self) -> Iterator[None]:
+        """Answer collectives locally inside the block (used for rank-local DDP bookkeeping)."""
+        with self._local_lock:
+            self._force_local += 1
+        try:
+            yield
+        finally:
+            with self._local_lock:
+                self._force_local -= 1
+
+    @property
+    def is_local(self) -> bool:
+        return self._inner is None or self._force_local > 0
+
+    # ------------------------------------------------------------- collectives
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
+        opts = opts if opts is not None else dist.AllreduceOptions()
+        work = self._run(tensors, lambda pg, out: pg.allreduce(out, opts), lambda: None)
+        if self.after_allreduce_launch is not None and not self.is_local:
+            self.after_allreduce_launch()
+        return work
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
+        opts = opts if opts is not None else dist.BroadcastOptions()
+        return self._run(tensors, lambda pg, out: pg.broadcast(out, opts), lambda: None)
+
+    def allgather(
+        self,
+        output_tensors: list[list[torch.Tensor]],
+        input_tensors: list[torch.Tensor],
+        opts: Any = None,
+    ) -> dist.Work:
+        opts = opts if opts is not None else dist.AllgatherOptions()
+        flat = [t for group in output_tensors for t in group]
+
+        def launch(pg: dist.ProcessGroup, out: list[torch.Tensor]) -> dist.Work:
+            it = iter(out)
+            regrouped = [[next(it) for _ in group] for group in output_tensors]
+            return pg.allgather(regrouped, input_tensors, opts)
+
+        def local() -> None:
+            for group, source in zip(output_tensors, input_tensors, strict=True):
+                for out in group:
+                    out.copy_(source)
+
+        return self._run(flat, launch, local, result=output_tensors)
+
+    def barrier(self, opts: Any = None) -> dist.Work:
+        opts = opts if opts is not None else dist.BarrierOptions()
+        return self._run([], lambda pg, _: pg.barrier(opts), lambda: None)
+
+    def _run(
+        self,
+        outputs: list[torch.Tensor],
+        launch: Callable[..., dist.Work],
+        local: Callable[[], None],
+        result: Any = None,
+    ) -> dist.Work:
+        result = outputs if result is None else result
+        inner = self._inner
+        if inner is None or self._force_local:
+            local()
+            return _completed(result)
+        if self._guard.poisoned or self._guard.aborted:
+            return _completed(result)
+        scratch = [t.detach().clone() for t in outputs]
+        future: Future[Any] = Future()
+        settled = threading.Lock()
+        guard = self._guard
+
+        def settle(ok: bool, error: str = "") -> None:
+            if not settled.acquire(blocking=False):
+                return
+            if ok:
+                for target, value in zip(outputs, scratch, strict=True):
+                    target.copy_(value)
+            else:
+                guard.poison(error or "collective aborted")
+            future.set_result(result)
+
+        ticket = guard.track(settle)
+        if ticket is None:
+            settle(False, "generation aborted")
+            return _create_work_from_future(future)
+        try:
+            work = launch(inner, scratch)
+        except RuntimeError as exc:
+            guard.untrack(ticket)
+            settle(False, f"collective failed to start: {exc}")
+            return _create_work_from_future(future)
+
+        def on_done(inner_future: Future[Any]) -> None:
+            guard.untrack(ticket)
+            try:
+                inner_future.wait()
+            except RuntimeError as exc:
+                settle(False, f"collective failed: {exc}")
+                return
+            settle(True)
+
+        work.get_future().add_done_callback(on_done)
+        return _create_work_from_future(future)

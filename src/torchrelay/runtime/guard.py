@@ -1,0 +1,75 @@
+"""Step guard: decides whether the step in flight may commit.
+
+Invariant 3 of DESIGN.md: a rank applies the optimizer only if every collective of the step
+completed without error. Collectives that fail, or that are still pending when the controller
+aborts the generation, *poison* the step; a poisoned step's optimizer call is skipped and the
+step is recomputed after recovery.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+
+class StepGuard:
+    """Tracks the health of the current step and of the current generation. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.generation = -1
+        self.poison_reason: str | None = None
+        self.optimizer_applied = False
+        self._aborted = False
+        self._pending: dict[int, Callable[[bool], None]] = {}
+        self._next_id = 0
+
+    @property
+    def poisoned(self) -> bool:
+        return self.poison_reason is not None
+
+    @property
+    def aborted(self) -> bool:
+        """The controller aborted this generation: stop at the next chance and recover."""
+        return self._aborted
+
+    def begin_step(self) -> None:
+        self.poison_reason = None
+        self.optimizer_applied = False
+
+    def enter_generation(self, generation: int) -> None:
+        with self._lock:
+            self.generation = generation
+            self._aborted = False
+            self.poison_reason = None
+
+    def poison(self, reason: str) -> None:
+        with self._lock:
+            if self.poison_reason is None:
+                self.poison_reason = reason
+
+    def abort(self, generation: int) -> None:
+        """Release every pending collective of ``generation`` as failed."""
+        with self._lock:
+            if generation != self.generation:
+                return
+            self._aborted = True
+            if self.poison_reason is None:
+                self.poison_reason = f"generation {generation} aborted by the controller"
+            pending = list(self._pending.values())
+            self._pending.clear()
+        for settle in pending:
+            settle(False)
+
+    def track(self, settle: Callable[[bool], None]) -> int | None:
+        """Register a pending collective; ``None`` means: already aborted, settle it now."""
+        with self._lock:
+            if self._aborted:
+                return None
+            self._next_id += 1
+            self._pending[self._next_id] = settle
+            return self._next_id
+
+    def untrack(self, ticket: int) -> None:
+        with self._lock:
+            self._pending.pop(ticket, None)

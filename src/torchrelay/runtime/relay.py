@@ -1,0 +1,378 @@
+"""The public model-aware API: :func:`init`, :meth:`Relay.track`, :meth:`Relay.steps`.
+
+A worker runs ordinary DDP code; ``Relay`` adds the few things live recovery needs:
+
+- a stable process group (:mod:`facade`) for DDP, rebuilt underneath on every generation;
+- a step loop that seeds RNG and picks the data from ``(seed, step, rank)``, commits a step
+  only if all its collectives succeeded, and otherwise drops it and recovers before going on;
+- the receiving and sending side of the state transfer.
+
+A spare runs the same script: ``init()`` returns at once, the script builds its model and
+optimizer locally, and the spare waits inside :meth:`Relay.steps` until it is given a slot (or
+exits quietly with status 0 when the job ends without needing it).
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from torchrelay.chaos import ChaosEvent
+from torchrelay.control.service import ControlClient, ControlError
+from torchrelay.runtime.data import step_loader
+from torchrelay.runtime.env import RelayEnv
+from torchrelay.runtime.facade import StableProcessGroup, new_gloo_group
+from torchrelay.runtime.guard import StepGuard
+from torchrelay.runtime.rng import SETUP_STEP, seed_all
+from torchrelay.runtime.tracked import TrackedState, TrackingError
+from torchrelay.transfer.engine import receive_state, send_state
+
+EXIT_FENCED = 70
+EXIT_CONTROLLER_LOST = 75
+PROGRESS_INTERVAL = 1.0
+
+
+class Relay:
+    """One process's membership in a torchrelay job. Create it with :func:`init`."""
+
+    def __init__(
+        self, env: RelayEnv, client: ControlClient, joined: dict[str, Any], seed: int
+    ) -> None:
+        self.env = env
+        self.seed = seed
+        self.world_size = env.world_size
+        self.rank: int | None = env.rank
+        self.generation = int(joined["generation"])
+        self.committed = -1
+        self.guard = StepGuard()
+        self.process_group = StableProcessGroup(env.world_size, self.guard)
+        self.tracked = TrackedState()
+        self._client = client
+        self._timeout = datetime.timedelta(seconds=float(joined["collective_timeout"]))
+        self._store = dist.TCPStore(
+            env.master_addr, env.master_port, is_master=False, timeout=self._timeout
+        )
+        self._chaos = [ChaosEvent.from_dict(e) for e in joined["chaos"]]
+        self._inbox: queue.Queue[dict[str, Any]] = queue.Queue()
+        self._closing = threading.Event()
+        self._current_step: int | None = None
+        self._first_after_recovery = False
+        self._retired: list[dist.ProcessGroup] = []
+        seed_all(seed, SETUP_STEP, 0)
+        if self.rank is not None:
+            self._bind(self.generation, self.rank)
+        threading.Thread(target=self._watch, name="torchrelay-watch", daemon=True).start()
+        threading.Thread(
+            target=self._report_progress, name="torchrelay-progress", daemon=True
+        ).start()
+        self.process_group.after_allreduce_launch = lambda: self._maybe_fire("backward")
+        _install_excepthook(self)
+
+    # ------------------------------------------------------------------ public API
+    @property
+    def is_spare(self) -> bool:
+        """True until this process is handed a slot."""
+        return self.rank is None
+
+    def track(
+        self,
+        model: torch.nn.Module | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        scheduler: Any = None,
+        **objects: Any,
+    ) -> None:
+        """Register the state to carry to a replacement.
+
+        ``model`` may be a DDP module built with ``process_group=relay.process_group``;
+        ``optimizer`` is guarded (its ``step`` is skipped in a dropped step); ``scheduler`` and
+        ``objects`` are anything with ``state_dict()``/``load_state_dict()``.
+        """
+        named = {"model": model, "optimizer": optimizer, "scheduler": scheduler, **objects}
+        for name, obj in named.items():
+            if obj is None:
+                continue
+            self.tracked.add(name, obj)
+            if isinstance(obj, torch.optim.Optimizer):
+                self._guard_optimizer(obj)
+            if isinstance(obj, DistributedDataParallel):
+                self._prepare_ddp(obj)
+            if isinstance(obj, torch.nn.Module):
+                obj.register_forward_pre_hook(lambda *_: self._maybe_fire("forward"))
+
+    def steps(
+        self,
+        dataset: Any = None,
+        *,
+        max_steps: int,
+        batch_size: int | None = None,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+    ) -> Iterator[tuple[int, Any]]:
+        """Yield ``(step, batch)`` for every step not yet committed, up to ``max_steps``.
+
+        The batch is this rank's share of the global batch at ``step`` (``None`` without a
+        dataset). A step whose collectives failed is dropped and yielded again after recovery,
+        so the body must be the whole step: forward, backward, ``optimizer.step()``.
+        """
+        if dataset is not None and batch_size is None:
+            raise ValueError("steps(dataset, ...) needs batch_size")
+        if self.is_spare:
+            self._await_assignment()
+        batches: Iterator[Any] | None = None
+        while True:
+            step = self.committed + 1
+            if step >= max_steps:
+                if self._finish():
+                    return
+                batches = None
+                continue
+            if self.guard.aborted:
+                self._recover(in_flight=None)
+                batches = None
+                continue
+            if dataset is not None and batches is None:
+                assert batch_size is not None and self.rank is not None
+                batches = step_loader(
+                    dataset, batch_size, self.world_size, self.rank, self.seed, step, collate_fn
+                )
+            snapshot = self.tracked.snapshot()
+            self.guard.begin_step()
+            seed_all(self.seed, step, self.rank)  # type: ignore[arg-type]
+            self._current_step = step
+            yield step, (next(batches) if batches is not None else None)
+            self._current_step = None
+            if self.guard.poisoned and not self.guard.optimizer_applied:
+                self.tracked.restore(snapshot)
+                for opt in self.tracked.optimizers():
+                    opt.zero_grad(set_to_none=True)
+                self._recover(in_flight=step)
+                batches = None
+                continue
+            self.committed = step
+            if self._first_after_recovery:
+                self._first_after_recovery = False
+                self._report("progress", step=step, first_after_recovery=True, t=time.time())
+            if self.guard.poisoned:
+                self._recover(in_flight=None)
+                batches = None
+
+    # ------------------------------------------------------------------ setup helpers
+    def _guard_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        original = optimizer.step
+        guard = self.guard
+
+        # wraps() keeps the markers an LR scheduler put on the step it wrapped.
+        @functools.wraps(original)
+        def step(*args: Any, **kwargs: Any) -> Any:
+            if guard.poisoned:
+                return None
+            result = original(*args, **kwargs)
+            guard.optimizer_applied = True
+            return result
+
+        optimizer.step = step  # type: ignore[method-assign]
+
+    def _prepare_ddp(self, model: DistributedDataParallel) -> None:
+        if model.process_group is not self.process_group:
+            raise TrackingError(
+                "build DDP with process_group=relay.process_group so it survives "
+                "communicator changes"
+            )
+        # DDP re-orders its gradient buckets after the first backward and syncs the new order
+        # from rank 0. A replacement would do that at its first step while the survivors did it
+        # long ago: mismatched collectives. Fix the layout now, identically on every rank.
+        with self.process_group.local():
+            model.reducer._push_all_rebuilt_params()
+            model.reducer._rebuild_buckets()
+
+    # ------------------------------------------------------------------ generations
+    def _bind(self, generation: int, rank: int) -> None:
+        store = dist.PrefixStore(f"torchrelay/g{generation}", self._store)
+        inner = new_gloo_group(store, rank, self.world_size, self._timeout)
+        previous = self.process_group.bind(inner, rank)
+        self.generation, self.rank = generation, rank
+        os.environ["RANK"] = str(rank)
+        self.guard.enter_generation(generation)
+        if previous is not None:
+            # Destroying a gloo group joins its threads, which may sit in a collective that
+            # will only time out: drop the last reference off the training thread.
+            self._retired.append(previous)
+            del previous
+            threading.Thread(target=self._release_retired, daemon=True).start()
+
+    def _release_retired(self) -> None:
+        while self._retired:
+            self._retired.pop()
+
+    def _await_assignment(self) -> None:
+        self._report("ready")
+        message = self._next_message("plan", "finish")
+        if message["type"] == "finish":
+            self._closing.set()
+            raise SystemExit(0)
+        self._apply_plan(message)
+
+    def _recover(self, in_flight: int | None) -> None:
+        self._report("halted", committed=self.committed, in_flight=in_flight)
+        message = self._next_message("plan", "finish")
+        if message["type"] == "finish":
+            raise RuntimeError("the job ended while this worker was waiting to recover")
+        self._apply_plan(message)
+
+    def _finish(self) -> bool:
+        """At the last step: wait for the job's end, serving recoveries meanwhile."""
+        self._report("done", step=self.committed)
+        while True:
+            message = self._next_message("plan", "finish", "abort")
+            if message["type"] == "finish":
+                self._closing.set()
+                return True
+            if message["type"] == "abort" and message["generation"] == self.generation:
+                self._report("halted", committed=self.committed, in_flight=None)
+            elif message["type"] == "plan":
+                self._apply_plan(message)
+                return False
+
+    def _next_message(self, *kinds: str) -> dict[str, Any]:
+        while True:
+            message = self._inbox.get()
+            if message["type"] in kinds:
+                return message
+
+    def _apply_plan(self, plan: dict[str, Any]) -> None:
+        generation, slot = int(plan["generation"]), int(plan["slot"])
+        target = int(plan["target_step"])
+        sources, receivers = list(plan["sources"]), list(plan["receivers"])
+        self._bind(generation, slot)
+        self._report("phase", phase="comm_ready", t=time.time())
+        own = self.tracked.state()
+        if slot in sources:
+            if self.committed != target:
+                raise RuntimeError(f"source rank {slot} is at step {self.committed}, not {target}")
+            result = send_state(
+                self.process_group.inner,
+                self._store,
+                self.env.token,  # type: ignore[arg-type]
+                generation,
+                {"step": target, "objects": own},
+                slot,
+                sources,
+                receivers,
+            )
+        elif slot in receivers:
+            result = receive_state(
+                self.process_group.inner,
+                self._store,
+                self.env.token,  # type: ignore[arg-type]
+                generation,
+                {"step": self.committed, "objects": own},
+                sources,
+            )
+            self.tracked.load(result.state["objects"], own)
+            self.committed = int(result.state["step"])
+        else:
+            result = None
+        self._report(
+            "phase",
+            phase="transfer_done",
+            t=time.time(),
+            bytes=0 if result is None else result.bytes,
+            seconds=0.0 if result is None else result.seconds,
+        )
+        self._chaos = [ChaosEvent.from_dict(e) for e in plan["chaos"]]
+        self._first_after_recovery = True
+
+    # ------------------------------------------------------------------ chaos
+    def _maybe_fire(self, phase: str) -> None:
+        step = self._current_step
+        for event in self._chaos:
+            if event.step == step and event.phase == phase:
+                self._report("chaos_fired", id=event.id)
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    # ------------------------------------------------------------------ control plane
+    def _report(self, kind: str, **body: Any) -> dict[str, Any]:
+        try:
+            return self._client.report(kind, generation=self.generation, **body)
+        except ControlError as exc:
+            _die_on_control_error(exc)
+            raise
+
+    def _watch(self) -> None:
+        try:
+            for message in self._client.watch():
+                if message["type"] == "abort":
+                    self.guard.abort(int(message["generation"]))
+                self._inbox.put(message)
+        except ControlError as exc:
+            if not self._closing.is_set():
+                _die_on_control_error(exc)
+
+    def _report_progress(self) -> None:
+        reported = -1
+        while not self._closing.wait(PROGRESS_INTERVAL):
+            step = self.committed
+            if step != reported and self.rank is not None:
+                try:
+                    self._client.report("progress", generation=self.generation, step=step)
+                except ControlError as exc:
+                    if not self._closing.is_set():
+                        _die_on_control_error(exc)
+                reported = step
+
+
+def _die_on_control_error(exc: ControlError) -> None:
+    if exc.code == "FAILED_PRECONDITION":
+        print(
+            f"torchrelay: this process was fenced out of the job and must not continue: "
+            f"{exc.message}",
+            file=sys.stderr,
+            flush=True,
+        )
+        os._exit(EXIT_FENCED)
+    if exc.code in ("UNAVAILABLE", "CANCELLED"):
+        print(
+            f"torchrelay: lost the controller ({exc.message}); the launcher is gone, exiting",
+            file=sys.stderr,
+            flush=True,
+        )
+        os._exit(EXIT_CONTROLLER_LOST)
+
+
+def _install_excepthook(relay: Relay) -> None:
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
+        text = "".join(traceback.format_exception(kind, exc, tb))
+        try:
+            relay._client.report("error", step=relay._current_step, traceback=text, timeout=5.0)
+        except ControlError:
+            pass
+        previous(kind, exc, tb)
+
+    sys.excepthook = hook
+
+
+def init(seed: int = 0) -> Relay:
+    """Join the job this process was launched into by ``torchrelay run``.
+
+    Seeds every RNG identically on all ranks (so models are built identically), opens the
+    stable process group, and returns the :class:`Relay`. On a spare it returns at once; the
+    spare waits for a slot in :meth:`Relay.steps`.
+    """
+    env = RelayEnv.from_environ()
+    client = ControlClient(env.control, env.token, env.process)
+    joined = client.join(env.role, os.getpid(), env.node, env.rank)
+    return Relay(env, client, joined, seed)

@@ -1,0 +1,1 @@
+"""State transfer: flatten registered state to (schema, tensors) and stream it between ranks."""

@@ -1,0 +1,40 @@
+"""A small DDP training script used by the multi-process tests (dropout, AdamW, scheduler)."""
+
+import argparse
+
+import torch
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import TensorDataset
+
+import torchrelay
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--steps", type=int, default=12)
+parser.add_argument("--out", default=None)
+parser.add_argument("--bug-rank", type=int, default=-1, help="raise on this rank at --bug-step")
+parser.add_argument("--bug-step", type=int, default=-1)
+args = parser.parse_args()
+
+relay = torchrelay.init(seed=7)
+net = torch.nn.Sequential(
+    torch.nn.Linear(16, 64), torch.nn.GELU(), torch.nn.Dropout(0.1), torch.nn.Linear(64, 4)
+)
+model = DDP(net, process_group=relay.process_group)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 5))
+relay.track(model=model, optimizer=opt, scheduler=sched)
+data = TensorDataset(torch.randn(1024, 16), torch.randn(1024, 4))
+
+for step, (x, y) in relay.steps(data, batch_size=8, max_steps=args.steps):
+    if relay.rank == args.bug_rank and step == args.bug_step:
+        raise ValueError(f"deliberate bug at step {step}")
+    loss = F.mse_loss(model(x), y)
+    loss.backward()
+    opt.step()
+    sched.step()
+    opt.zero_grad()
+
+if relay.rank == 0 and args.out:
+    torch.save({k: v.clone() for k, v in net.state_dict().items()}, args.out)
+    print(f"final loss {loss.item():.6f}", flush=True)
