@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from torchrelay.cli import report, run
+from torchrelay.cli import demo, report, run
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -15,6 +15,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True)
     run.add_parser(subparsers)
     report.add_parser(subparsers)
+    demo.add_parser(subparsers)
     return parser
 
 

@@ -12,7 +12,7 @@ import queue
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -67,6 +67,8 @@ class Recovery:
     failures: list[dict[str, Any]]
     detected: float
     plan: RecoveryPlan | None = None
+    spare_ready: float = 0.0
+    halted: float = 0.0
     planned: float = 0.0
     phases: dict[str, dict[int, dict[str, Any]]] = field(default_factory=dict)
     in_flight: set[int] = field(default_factory=set)
@@ -97,6 +99,11 @@ class Controller:
     @property
     def finished(self) -> bool:
         return self.outcome is not None
+
+    def wait_until(self, predicate: Callable[[], bool], timeout: float | None = None) -> bool:
+        """Block until ``predicate()`` holds under the controller's lock (re-checked on change)."""
+        with self._cond:
+            return self._cond.wait_for(predicate, timeout)
 
     def wait_finished(self, timeout: float | None = None) -> dict[str, Any] | None:
         with self._cond:
@@ -404,6 +411,7 @@ class Controller:
                     "raise --spares or --spare-timeout"
                 )
                 return
+            recovery.spare_ready = time.time()
             halted = self._cond.wait_for(
                 lambda: (
                     self.finished
@@ -421,6 +429,7 @@ class Controller:
                     f"{self.config.halt_timeout:.0f} s after the failure"
                 )
                 return
+            recovery.halted = time.time()
             self._publish_plan(recovery, failures, survivors)
 
         self._await_recovery_done(recovery)
@@ -512,6 +521,8 @@ class Controller:
         received = sum(int(v.get("bytes", 0)) for s, v in transfers.items() if s in plan.receivers)
         timeline = {
             "detected": recovery.detected,
+            "spare_ready": recovery.spare_ready,
+            "halted": recovery.halted,
             "planned": recovery.planned,
             "comm_ready": latest("comm_ready"),
             "transfer_done": latest("transfer_done"),

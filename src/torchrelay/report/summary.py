@@ -7,7 +7,8 @@ from typing import Any
 
 from torchrelay.ledger import read_ledger
 
-PHASES = ("detected", "planned", "comm_ready", "transfer_done", "first_step")
+PHASES = ("detected", "spare_ready", "halted", "planned", "comm_ready", "transfer_done",
+          "first_step")
 
 
 def summarize(run_dir: Path) -> dict[str, Any]:

@@ -27,7 +27,13 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _create_work_from_future
+from torch._C._distributed_c10d import (
+    AllgatherOptions,
+    AllreduceOptions,
+    BarrierOptions,
+    BroadcastOptions,
+    _create_work_from_future,
+)
 from torch.futures import Future
 
 from torchrelay.runtime.guard import StepGuard
@@ -97,14 +103,14 @@ class StableProcessGroup(dist.ProcessGroup):
 
     # ------------------------------------------------------------- collectives
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
-        opts = opts if opts is not None else dist.AllreduceOptions()
+        opts = opts if opts is not None else AllreduceOptions()
         work = self._run(tensors, lambda pg, out: pg.allreduce(out, opts), lambda: None)
         if self.after_allreduce_launch is not None and not self.is_local:
             self.after_allreduce_launch()
         return work
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
-        opts = opts if opts is not None else dist.BroadcastOptions()
+        opts = opts if opts is not None else BroadcastOptions()
         return self._run(tensors, lambda pg, out: pg.broadcast(out, opts), lambda: None)
 
     def allgather(
@@ -113,7 +119,7 @@ class StableProcessGroup(dist.ProcessGroup):
         input_tensors: list[torch.Tensor],
         opts: Any = None,
     ) -> dist.Work:
-        opts = opts if opts is not None else dist.AllgatherOptions()
+        opts = opts if opts is not None else AllgatherOptions()
         flat = [t for group in output_tensors for t in group]
 
         def launch(pg: dist.ProcessGroup, out: list[torch.Tensor]) -> dist.Work:
@@ -129,7 +135,7 @@ class StableProcessGroup(dist.ProcessGroup):
         return self._run(flat, launch, local, result=output_tensors)
 
     def barrier(self, opts: Any = None) -> dist.Work:
-        opts = opts if opts is not None else dist.BarrierOptions()
+        opts = opts if opts is not None else BarrierOptions()
         return self._run([], lambda pg, _: pg.barrier(opts), lambda: None)
 
     def _run(

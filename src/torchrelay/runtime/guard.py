@@ -8,8 +8,12 @@ step is recomputed after recovery.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
+from typing import Any
+
+import torch
 
 
 class StepGuard:
@@ -73,3 +77,23 @@ class StepGuard:
     def untrack(self, ticket: int) -> None:
         with self._lock:
             self._pending.pop(ticket, None)
+
+
+def guard_optimizer(optimizer: torch.optim.Optimizer, guard: StepGuard) -> None:
+    """Make ``optimizer.step()`` a no-op while ``guard``'s step is poisoned.
+
+    Records that the optimizer was applied, which commits the step even if a later collective
+    of the same step fails (the weights have moved on; recovery then starts from them).
+    """
+    original = optimizer.step
+
+    # wraps() keeps the markers an LR scheduler put on the step it wrapped.
+    @functools.wraps(original)
+    def step(*args: Any, **kwargs: Any) -> Any:
+        if guard.poisoned:
+            return None
+        result = original(*args, **kwargs)
+        guard.optimizer_applied = True
+        return result
+
+    optimizer.step = step  # type: ignore[method-assign]

@@ -15,7 +15,6 @@ exits quietly with status 0 when the job ends without needing it).
 from __future__ import annotations
 
 import datetime
-import functools
 import os
 import queue
 import signal
@@ -35,7 +34,7 @@ from torchrelay.control.service import ControlClient, ControlError
 from torchrelay.runtime.data import step_loader
 from torchrelay.runtime.env import RelayEnv
 from torchrelay.runtime.facade import StableProcessGroup, new_gloo_group
-from torchrelay.runtime.guard import StepGuard
+from torchrelay.runtime.guard import StepGuard, guard_optimizer
 from torchrelay.runtime.rng import SETUP_STEP, seed_all
 from torchrelay.runtime.tracked import TrackedState, TrackingError
 from torchrelay.transfer.engine import receive_state, send_state
@@ -106,7 +105,7 @@ class Relay:
                 continue
             self.tracked.add(name, obj)
             if isinstance(obj, torch.optim.Optimizer):
-                self._guard_optimizer(obj)
+                guard_optimizer(obj, self.guard)
             if isinstance(obj, DistributedDataParallel):
                 self._prepare_ddp(obj)
             if isinstance(obj, torch.nn.Module):
@@ -161,29 +160,12 @@ class Relay:
                 batches = None
                 continue
             self.committed = step
-            if self._first_after_recovery:
-                self._first_after_recovery = False
-                self._report("progress", step=step, first_after_recovery=True, t=time.time())
+            self._report_resumed()
             if self.guard.poisoned:
                 self._recover(in_flight=None)
                 batches = None
 
     # ------------------------------------------------------------------ setup helpers
-    def _guard_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
-        original = optimizer.step
-        guard = self.guard
-
-        # wraps() keeps the markers an LR scheduler put on the step it wrapped.
-        @functools.wraps(original)
-        def step(*args: Any, **kwargs: Any) -> Any:
-            if guard.poisoned:
-                return None
-            result = original(*args, **kwargs)
-            guard.optimizer_applied = True
-            return result
-
-        optimizer.step = step  # type: ignore[method-assign]
-
     def _prepare_ddp(self, model: DistributedDataParallel) -> None:
         if model.process_group is not self.process_group:
             raise TrackingError(
@@ -231,8 +213,16 @@ class Relay:
             raise RuntimeError("the job ended while this worker was waiting to recover")
         self._apply_plan(message)
 
+    def _report_resumed(self) -> None:
+        """Once per recovery: the first committed step (or the end, if no step was left)."""
+        if self._first_after_recovery:
+            self._first_after_recovery = False
+            self._report("progress", step=self.committed, first_after_recovery=True,
+                         t=time.time())
+
     def _finish(self) -> bool:
         """At the last step: wait for the job's end, serving recoveries meanwhile."""
+        self._report_resumed()
         self._report("done", step=self.committed)
         while True:
             message = self._next_message("plan", "finish", "abort")

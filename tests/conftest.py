@@ -1,0 +1,42 @@
+"""Shared helpers: real gloo groups between threads of the test process."""
+
+from __future__ import annotations
+
+import datetime
+import threading
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch.distributed as dist
+
+
+def run_ranks(world: int, fn: Callable[[int, dist.ProcessGroup], Any],
+              timeout: float = 20.0) -> list[Any]:
+    """Run ``fn(rank, group)`` in ``world`` threads, each with a real gloo group."""
+    store = dist.PrefixStore(uuid.uuid4().hex, dist.HashStore())
+    results: list[Any] = [None] * world
+    errors: list[BaseException] = []
+
+    def body(rank: int) -> None:
+        try:
+            pg = dist.ProcessGroupGloo(store, rank, world, datetime.timedelta(seconds=timeout))
+            results[rank] = fn(rank, pg)
+        except BaseException as exc:  # surfaced in the test thread below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(world)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout)
+        assert not thread.is_alive(), "rank thread did not finish"
+    if errors:
+        raise errors[0]
+    return results
+
+
+@pytest.fixture
+def ranks():
+    return run_ranks

@@ -1,0 +1,56 @@
+"""Run real torchrelay jobs from tests (subprocesses, real signals, real sockets)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+@dataclass
+class JobResult:
+    returncode: int
+    output: str
+    run_dir: Path
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        return torch.load(self.run_dir / "final.pt", weights_only=True)
+
+    def summary(self) -> dict[str, Any]:
+        out = subprocess.run(
+            [sys.executable, "-m", "torchrelay.cli.main", "report", str(self.run_dir), "--json"],
+            capture_output=True, text=True, check=True, timeout=60,
+        )
+        return json.loads(out.stdout)
+
+    def ledger(self) -> list[dict[str, Any]]:
+        lines = (self.run_dir / "ledger.jsonl").read_text().splitlines()
+        return [json.loads(line) for line in lines]
+
+
+def run_job(run_dir: Path, *, script: str = "mlp_train.py", nproc: int = 3, spares: int = 1,
+            chaos: tuple[str, ...] = (), launcher_args: tuple[str, ...] = (),
+            script_args: tuple[str, ...] = (), steps: int = 10,
+            timeout: float = 300) -> JobResult:
+    command = [
+        sys.executable, "-m", "torchrelay.cli.main", "run", "--nproc-per-node", str(nproc),
+        "--spares", str(spares), "--run-dir", str(run_dir), "--quiet",
+        *(f"--chaos={spec}" for spec in chaos), *launcher_args,
+        str(SCRIPTS / script), "--steps", str(steps), "--out", str(run_dir / "final.pt"),
+        *script_args,
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    return JobResult(done.returncode, done.stdout + done.stderr, run_dir)
+
+
+def assert_bitwise_equal(ours: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> None:
+    assert ours.keys() == ref.keys()
+    different = [k for k in ref if not torch.equal(ours[k], ref[k])]
+    assert not different, f"tensors differ from the failure-free run: {different}"
