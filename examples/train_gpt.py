@@ -22,11 +22,27 @@ from torch.utils.data import Dataset
 
 import torchrelay
 
-SUBJECTS = ["the engineer", "a spare gpu", "the controller", "every worker", "the old node",
-            "a data parallel replica", "the optimizer", "our cluster"]
+SUBJECTS = [
+    "the engineer",
+    "a spare gpu",
+    "the controller",
+    "every worker",
+    "the old node",
+    "a data parallel replica",
+    "the optimizer",
+    "our cluster",
+]
 VERBS = ["restores", "streams", "checks", "fences", "rebuilds", "commits", "replays", "trusts"]
-OBJECTS = ["the weights", "each step", "the lost rank", "its gradients", "a fresh group",
-           "the schedule", "the random state", "the final loss"]
+OBJECTS = [
+    "the weights",
+    "each step",
+    "the lost rank",
+    "its gradients",
+    "a fresh group",
+    "the schedule",
+    "the random state",
+    "the final loss",
+]
 ENDINGS = [" quickly.", " without rollback.", " at the next step.", " once.", " again.", "."]
 
 
@@ -51,7 +67,7 @@ class CharWindows(Dataset):
         return len(self.ids) - self.block - 1
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        chunk = self.ids[i:i + self.block + 1]
+        chunk = self.ids[i : i + self.block + 1]
         return chunk[:-1], chunk[1:]
 
 
@@ -61,14 +77,18 @@ class Block(nn.Module):
         self.heads, self.dropout = heads, dropout
         self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
         self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
-        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim),
-                                 nn.Dropout(dropout))
+        self.mlp = nn.Sequential(
+            nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim), nn.Dropout(dropout)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
         q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).unbind(2)
         att = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+            q.transpose(1, 2),
+            k.transpose(1, 2),
+            v.transpose(1, 2),
+            is_causal=True,
             dropout_p=self.dropout if self.training else 0.0,
         )
         x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))
@@ -76,8 +96,15 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, vocab: int, block: int, dim: int = 160, layers: int = 4, heads: int = 5,
-                 dropout: float = 0.1) -> None:
+    def __init__(
+        self,
+        vocab: int,
+        block: int,
+        dim: int = 160,
+        layers: int = 4,
+        heads: int = 5,
+        dropout: float = 0.1,
+    ) -> None:
         super().__init__()
         self.tok, self.pos = nn.Embedding(vocab, dim), nn.Embedding(block, dim)
         self.drop = nn.Dropout(dropout)
@@ -97,6 +124,7 @@ def warmup_cosine(warmup: int, total: int):
             return (step + 1) / warmup
         progress = (step - warmup) / max(1, total - warmup)
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
     return factor
 
 
@@ -110,27 +138,29 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="rank 0 saves the final weights here")
     args = parser.parse_args()
 
-    relay = torchrelay.init(seed=1234)                                   # relay
+    relay = torchrelay.init(seed=1234)  # relay
     data = CharWindows(make_text(4000), args.block)
-    model = DDP(GPT(len(data.vocab), args.block),
-                process_group=relay.process_group)                       # relay
+    model = DDP(GPT(len(data.vocab), args.block), process_group=relay.process_group)  # relay
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(args.steps // 10, args.steps))
-    relay.track(model=model, optimizer=opt, scheduler=sched)            # relay
+    relay.track(model=model, optimizer=opt, scheduler=sched)  # relay
     if relay.rank == 0:
         params = sum(p.numel() for p in model.parameters())
         print(f"GPT with {params / 1e6:.2f} M parameters, {len(data)} windows", flush=True)
 
-    for step, (x, y) in relay.steps(data, batch_size=args.batch_size,
-                                    max_steps=args.steps):               # relay
+    for step, (x, y) in relay.steps(
+        data, batch_size=args.batch_size, max_steps=args.steps
+    ):  # relay
         loss = model(x, y)
         loss.backward()
         opt.step()
         sched.step()
         opt.zero_grad()
         if relay.rank == 0 and (step % args.log_every == 0 or step == args.steps - 1):
-            print(f"step {step:4d}  loss {loss.item():.4f}  lr {sched.get_last_lr()[0]:.2e}",
-                  flush=True)
+            print(
+                f"step {step:4d}  loss {loss.item():.4f}  lr {sched.get_last_lr()[0]:.2e}",
+                flush=True,
+            )
 
     if relay.rank == 0 and args.out:
         torch.save(model.module.state_dict(), args.out)

@@ -12,8 +12,9 @@ import pytest
 import torch.distributed as dist
 
 
-def run_ranks(world: int, fn: Callable[[int, dist.ProcessGroup], Any],
-              timeout: float = 20.0) -> list[Any]:
+def run_ranks(
+    world: int, fn: Callable[[int, dist.ProcessGroup], Any], timeout: float = 20.0
+) -> list[Any]:
     """Run ``fn(rank, group)`` in ``world`` threads, each with a real gloo group."""
     store = dist.PrefixStore(uuid.uuid4().hex, dist.HashStore())
     results: list[Any] = [None] * world

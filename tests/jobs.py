@@ -26,7 +26,10 @@ class JobResult:
     def summary(self) -> dict[str, Any]:
         out = subprocess.run(
             [sys.executable, "-m", "torchrelay.cli.main", "report", str(self.run_dir), "--json"],
-            capture_output=True, text=True, check=True, timeout=60,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
         )
         return json.loads(out.stdout)
 
@@ -35,15 +38,37 @@ class JobResult:
         return [json.loads(line) for line in lines]
 
 
-def run_job(run_dir: Path, *, script: str = "mlp_train.py", nproc: int = 3, spares: int = 1,
-            chaos: tuple[str, ...] = (), launcher_args: tuple[str, ...] = (),
-            script_args: tuple[str, ...] = (), steps: int = 10,
-            timeout: float = 300) -> JobResult:
+def run_job(
+    run_dir: Path,
+    *,
+    script: str = "mlp_train.py",
+    nproc: int = 3,
+    spares: int = 1,
+    chaos: tuple[str, ...] = (),
+    launcher_args: tuple[str, ...] = (),
+    script_args: tuple[str, ...] = (),
+    steps: int = 10,
+    timeout: float = 300,
+) -> JobResult:
     command = [
-        sys.executable, "-m", "torchrelay.cli.main", "run", "--nproc-per-node", str(nproc),
-        "--spares", str(spares), "--run-dir", str(run_dir), "--quiet",
-        *(f"--chaos={spec}" for spec in chaos), *launcher_args,
-        str(SCRIPTS / script), "--steps", str(steps), "--out", str(run_dir / "final.pt"),
+        sys.executable,
+        "-m",
+        "torchrelay.cli.main",
+        "run",
+        "--nproc-per-node",
+        str(nproc),
+        "--spares",
+        str(spares),
+        "--run-dir",
+        str(run_dir),
+        "--quiet",
+        *(f"--chaos={spec}" for spec in chaos),
+        *launcher_args,
+        str(SCRIPTS / script),
+        "--steps",
+        str(steps),
+        "--out",
+        str(run_dir / "final.pt"),
         *script_args,
     ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)

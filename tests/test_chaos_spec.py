@@ -14,13 +14,16 @@ def test_default_phase_is_forward():
     assert parse_chaos("kill:rank=0:step=1", 3).phase == "forward"
 
 
-@pytest.mark.parametrize("spec,message", [
-    ("explode:rank=1:step=1", "unknown action"),
-    ("kill:rank=1", "required"),
-    ("kill:rank=x:step=1", "integers"),
-    ("kill:rank=1:step=1:phase=sideways", "phase"),
-    ("kill:rank=1:step=1:when=now", "bad field"),
-])
+@pytest.mark.parametrize(
+    "spec,message",
+    [
+        ("explode:rank=1:step=1", "unknown action"),
+        ("kill:rank=1", "required"),
+        ("kill:rank=x:step=1", "integers"),
+        ("kill:rank=1:step=1:phase=sideways", "phase"),
+        ("kill:rank=1:step=1:when=now", "bad field"),
+    ],
+)
 def test_bad_specs_explain_themselves(spec, message):
     with pytest.raises(ChaosSpecError, match=message):
         parse_chaos(spec, 0)

@@ -26,8 +26,15 @@ class FakeAgent:
 
 @pytest.fixture
 def job(tmp_path):
-    config = JobConfig(script="train.py", script_args=[], nproc_per_node=2, run_dir=tmp_path,
-                       spares=1, spare_timeout=10, halt_timeout=10)
+    config = JobConfig(
+        script="train.py",
+        script_args=[],
+        nproc_per_node=2,
+        run_dir=tmp_path,
+        spares=1,
+        spare_timeout=10,
+        halt_timeout=10,
+    )
     ledger = Ledger(tmp_path / "ledger.jsonl")
     agent = FakeAgent()
     controller = Controller(config, ledger, agent)

@@ -11,8 +11,12 @@ from torchrelay.runtime.rng import seed_all, seed_for
 def test_each_sample_used_once_per_epoch_across_ranks_and_steps():
     n, batch, world = 100, 4, 3
     per_epoch = steps_per_epoch(n, batch, world)
-    seen = [i for step in range(per_epoch) for rank in range(world)
-            for i in batch_indices(n, batch, world, rank, seed=5, step=step)]
+    seen = [
+        i
+        for step in range(per_epoch)
+        for rank in range(world)
+        for i in batch_indices(n, batch, world, rank, seed=5, step=step)
+    ]
     assert len(seen) == len(set(seen)) == per_epoch * batch * world
 
 

@@ -15,8 +15,12 @@ def _trained_state():
     model(torch.randn(2, 4)).sum().backward()
     opt.step()
     sched.step()
-    return {"model": model.state_dict(), "optimizer": opt.state_dict(),
-            "scheduler": sched.state_dict(), "step": 7}
+    return {
+        "model": model.state_dict(),
+        "optimizer": opt.state_dict(),
+        "scheduler": sched.state_dict(),
+        "step": 7,
+    }
 
 
 def test_round_trip_through_json_keeps_types_and_tensors():

@@ -10,8 +10,15 @@ from tests.jobs import assert_bitwise_equal, run_job
 
 pytestmark = pytest.mark.slow
 STEPS = 10
-PHASES = ("detected", "spare_ready", "halted", "planned", "comm_ready", "transfer_done",
-          "first_step")
+PHASES = (
+    "detected",
+    "spare_ready",
+    "halted",
+    "planned",
+    "comm_ready",
+    "transfer_done",
+    "first_step",
+)
 
 
 @pytest.fixture(scope="module")
@@ -22,14 +29,23 @@ def reference(tmp_path_factory):
     return job.weights()
 
 
-@pytest.mark.parametrize("chaos", [
-    ("kill:rank=0:step=3",),
-    ("kill:rank=0:step=9:phase=backward",),
-    ("kill:rank=1:step=6:phase=backward",),
-    ("kill:rank=2:step=0:phase=backward",),
-    ("kill:rank=1:step=1", "kill:rank=2:step=4", "kill:rank=0:step=7:phase=backward"),
-], ids=["rank0-forward", "rank0-backward-last-step", "rank1-backward", "rank2-first-step",
-        "three-kills-one-run"])
+@pytest.mark.parametrize(
+    "chaos",
+    [
+        ("kill:rank=0:step=3",),
+        ("kill:rank=0:step=9:phase=backward",),
+        ("kill:rank=1:step=6:phase=backward",),
+        ("kill:rank=2:step=0:phase=backward",),
+        ("kill:rank=1:step=1", "kill:rank=2:step=4", "kill:rank=0:step=7:phase=backward"),
+    ],
+    ids=[
+        "rank0-forward",
+        "rank0-backward-last-step",
+        "rank1-backward",
+        "rank2-first-step",
+        "three-kills-one-run",
+    ],
+)
 def test_killed_worker_is_rebuilt_and_weights_stay_bitwise_equal(tmp_path, reference, chaos):
     job = run_job(tmp_path, chaos=chaos, steps=STEPS)
     assert job.returncode == 0, job.output
@@ -58,8 +74,12 @@ def test_killed_worker_is_rebuilt_and_weights_stay_bitwise_equal(tmp_path, refer
 
 
 def test_user_bug_on_every_replacement_stops_after_max_restarts(tmp_path):
-    job = run_job(tmp_path, spares=2, launcher_args=("--max-restarts", "1"),
-                  script_args=("--bug-rank", "1", "--bug-step", "4"))
+    job = run_job(
+        tmp_path,
+        spares=2,
+        launcher_args=("--max-restarts", "1"),
+        script_args=("--bug-rank", "1", "--bug-step", "4"),
+    )
     assert job.returncode == 1
     assert "deliberate bug at step 4" in job.output  # the original traceback is shown
     end = [e for e in job.ledger() if e["event"] == "job_end"][-1]
@@ -72,8 +92,9 @@ def test_user_bug_on_every_replacement_stops_after_max_restarts(tmp_path):
 
 
 def test_missing_spare_stops_the_job_after_the_spare_timeout(tmp_path):
-    job = run_job(tmp_path, spares=0, chaos=("kill:rank=1:step=3",),
-                  launcher_args=("--spare-timeout", "3"))
+    job = run_job(
+        tmp_path, spares=0, chaos=("kill:rank=1:step=3",), launcher_args=("--spare-timeout", "3")
+    )
     assert job.returncode == 1
     events = job.ledger()
     end = [e for e in events if e["event"] == "job_end"][-1]

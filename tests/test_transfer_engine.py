@@ -11,7 +11,6 @@ from torchrelay.runtime.tracked import TrackedState
 from torchrelay.transfer import engine
 from torchrelay.transfer.engine import TransferError, receive_state, send_state
 
-
 _RNG_LOCK = threading.Lock()  # rank threads share torch's global RNG
 
 
@@ -58,7 +57,7 @@ def _transfer(ranks, chunk_bytes=256, corrupt=False):
 
 def test_fresh_receiver_gets_the_exact_state_in_place(ranks):
     *sent, (result, _, model, opt, sched, weight) = _transfer(ranks)
-    reference, ref_model, ref_opt, ref_sched = _replica(seed=0, steps=3)
+    _reference, ref_model, ref_opt, ref_sched = _replica(seed=0, steps=3)
     assert result.state["step"] == 3
     for a, b in zip(model.parameters(), ref_model.parameters(), strict=True):
         assert torch.equal(a, b)

@@ -8,6 +8,7 @@ controller declared dead can never take part again.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -114,10 +115,8 @@ class NodeAgent:
         """SIGKILL ``process`` if it is still alive (works on stopped processes too)."""
         proc = self._procs.get(process)
         if proc is not None and proc.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
     def alive(self) -> list[str]:
         with self._lock:

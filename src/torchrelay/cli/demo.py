@@ -22,16 +22,22 @@ EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "train_gpt.py"
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "demo", help="kill workers of a real training job and prove nothing was lost",
+        "demo",
+        help="kill workers of a real training job and prove nothing was lost",
         description="Runs examples/train_gpt.py on CPU with hot spares, SIGKILLs workers "
         "mid-step, runs the same job without failures, and compares the final weights.",
     )
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--spares", type=int, default=1)
     p.add_argument("--steps", type=int, default=60)
-    p.add_argument("--chaos", action="append", default=None, metavar="SPEC",
-                   help="faults to inject (default: rank 2 mid-all-reduce at 40%% of the run, "
-                   "rank 0 in its forward pass at 70%%)")
+    p.add_argument(
+        "--chaos",
+        action="append",
+        default=None,
+        metavar="SPEC",
+        help="faults to inject (default: rank 2 mid-all-reduce at 40%% of the run, "
+        "rank 0 in its forward pass at 70%%)",
+    )
     p.add_argument("--run-dir", type=Path, default=None)
     p.add_argument("--script", type=Path, default=EXAMPLE, help=argparse.SUPPRESS)
     p.set_defaults(func=run)
@@ -40,18 +46,30 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def _job(args: argparse.Namespace, run_dir: Path, chaos: list[str], stream: bool) -> JobConfig:
     return JobConfig(
         script=str(args.script),
-        script_args=["--steps", str(args.steps), "--out", str(run_dir / "final.pt"),
-                     "--log-every", str(max(1, args.steps // 6))],
-        nproc_per_node=args.workers, spares=args.spares, run_dir=run_dir,
-        chaos=parse_schedule(chaos, args.workers), stream_output=stream, spare_timeout=120.0,
+        script_args=[
+            "--steps",
+            str(args.steps),
+            "--out",
+            str(run_dir / "final.pt"),
+            "--log-every",
+            str(max(1, args.steps // 6)),
+        ],
+        nproc_per_node=args.workers,
+        spares=args.spares,
+        run_dir=run_dir,
+        chaos=parse_schedule(chaos, args.workers),
+        stream_output=stream,
+        spare_timeout=120.0,
     )
 
 
 def run(args: argparse.Namespace) -> int:
     console = Console()
     if not args.script.is_file():
-        raise SystemExit(f"torchrelay demo: example script not found at {args.script}; run the "
-                         "demo from a checkout of the torchrelay repository")
+        raise SystemExit(
+            f"torchrelay demo: example script not found at {args.script}; run the "
+            "demo from a checkout of the torchrelay repository"
+        )
     chaos = args.chaos or [
         f"kill:rank={min(2, args.workers - 1)}:step={int(args.steps * 0.4)}:phase=backward",
         f"kill:rank=0:step={int(args.steps * 0.7)}",
@@ -78,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
     if identical and summary["recovered"] == len(summary["failures"]) and lost == 0:
         console.print(
             f"[bold green]{len(summary['failures'])} worker(s) killed, 0 committed steps lost, "
-            f"final weights bitwise identical to the failure-free run ({len(ref)} tensors).")
+            f"final weights bitwise identical to the failure-free run ({len(ref)} tensors)."
+        )
         console.print(f"run directories: {root}")
         return 0
     console.print("[bold red]the runs differ: this is a bug in torchrelay")
@@ -89,13 +108,15 @@ def _compare(ours: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> tup
     """Per-tensor bitwise comparison; the table lists the largest tensors and every mismatch."""
     equal = {k: k in ours and torch.equal(ours[k], ref[k]) for k in ref}
     identical = ours.keys() == ref.keys() and all(equal.values())
-    table = Table(title=f"final weights vs reference: {sum(equal.values())}/{len(ref)} tensors "
-                        "bitwise equal")
+    table = Table(
+        title=f"final weights vs reference: {sum(equal.values())}/{len(ref)} tensors bitwise equal"
+    )
     for column in ("tensor", "shape", "bitwise equal", "max |diff|"):
         table.add_column(column)
     largest = sorted(ref, key=lambda k: -ref[k].numel())[:5]
     for key in [k for k in ref if not equal[k] or k in largest]:
         diff = (ours[key] - ref[key]).abs().max().item() if key in ours else float("nan")
-        table.add_row(key, str(tuple(ref[key].shape)), "yes" if equal[key] else "[red]NO",
-                      f"{diff:.3g}")
+        table.add_row(
+            key, str(tuple(ref[key].shape)), "yes" if equal[key] else "[red]NO", f"{diff:.3g}"
+        )
     return identical, table

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
 from torchrelay.ledger import read_ledger
 
-PHASES = ("detected", "spare_ready", "halted", "planned", "comm_ready", "transfer_done",
-          "first_step")
+PHASES = (
+    "detected",
+    "spare_ready",
+    "halted",
+    "planned",
+    "comm_ready",
+    "transfer_done",
+    "first_step",
+)
 
 
 def summarize(run_dir: Path) -> dict[str, Any]:
@@ -67,7 +75,7 @@ def _failure_entry(event: dict[str, Any], recovery: dict[str, Any] | None) -> di
             recomputed_steps=recovery["recomputed_steps"],
             bytes_transferred=recovery["bytes_transferred"],
             resumed_at_step=recovery["target_step"] + 1,
-            phases={f"{a}->{b}": timeline[b] - timeline[a] for a, b in zip(PHASES, PHASES[1:])},
+            phases={f"{a}->{b}": timeline[b] - timeline[a] for a, b in itertools.pairwise(PHASES)},
         )
     return entry
 

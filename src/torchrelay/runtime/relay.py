@@ -14,6 +14,7 @@ exits quietly with status 0 when the job ends without needing it).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import queue
@@ -217,8 +218,7 @@ class Relay:
         """Once per recovery: the first committed step (or the end, if no step was left)."""
         if self._first_after_recovery:
             self._first_after_recovery = False
-            self._report("progress", step=self.committed, first_after_recovery=True,
-                         t=time.time())
+            self._report("progress", step=self.committed, first_after_recovery=True, t=time.time())
 
     def _finish(self) -> bool:
         """At the last step: wait for the job's end, serving recoveries meanwhile."""
@@ -346,10 +346,8 @@ def _install_excepthook(relay: Relay) -> None:
 
     def hook(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
         text = "".join(traceback.format_exception(kind, exc, tb))
-        try:
+        with contextlib.suppress(ControlError):
             relay._client.report("error", step=relay._current_step, traceback=text, timeout=5.0)
-        except ControlError:
-            pass
         previous(kind, exc, tb)
 
     sys.excepthook = hook

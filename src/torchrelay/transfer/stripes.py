@@ -27,7 +27,7 @@ class Chunk:
 
 
 def split_chunks(sizes: list[int], chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> list[Chunk]:
-    """Cut tensors of ``sizes`` bytes into chunks of at most ``chunk_bytes`` (empty ones skipped)."""
+    """Cut tensors of ``sizes`` bytes into chunks of at most ``chunk_bytes`` (skips empty ones)."""
     if chunk_bytes <= 0:
         raise ValueError("chunk_bytes must be positive")
     chunks: list[Chunk] = []

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Create .venv and install torchrelay with its dev tools. Idempotent: re-installs only when
+# pyproject.toml changed. torch is pinned to the 2.13.0 CPU build for development and CI (the
+# package itself asks for torch>=2.6); an unpinned torch would pull a multi-GB CUDA build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+    echo "setup: creating .venv with $($python --version)"
+    "$python" -m venv .venv
+fi
+stamp=.venv/.torchrelay-installed
+want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+    echo "setup: installing torch 2.13.0 (CPU) and torchrelay[dev,bench] into .venv (about a minute)"
+    .venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0
+    .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev,bench]"
+    echo "$want" > "$stamp"
+fi

@@ -1,0 +1,83 @@
+"""Live-recovery figures measured by a real torchrelay run, read from its ``ledger.jsonl``.
+
+Tolerant by design: a ledger is written by a process that may crash, so torn lines, lines
+that are not JSON objects, and fields of the wrong type are skipped, not fatal.
+
+* recovery time: median ``recovery_seconds`` over ``recovery_done`` events;
+* coverage: ``recovery_done`` events with ``lost_steps == 0`` per ``failure`` event (a
+  recovery that does not report ``lost_steps`` is not counted as lossless), capped at 1;
+* overhead: the last ``bench`` event's ``overhead``, else the value given by the caller.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from torchrelay.ledger import read_ledger
+from torchrelay.simulate.errors import ScenarioError
+from torchrelay.simulate.params import LiveRecovery
+
+
+@dataclass(frozen=True)
+class RunMeasurement:
+    """What one run measured. ``recovery_s`` is None when no recovery completed."""
+
+    run_dir: Path
+    failures: int
+    recoveries: int
+    lossless_recoveries: int
+    recovery_s: float | None
+    coverage: float
+    overhead: float
+    overhead_measured: bool
+
+    def applied_to(self, live: LiveRecovery) -> LiveRecovery:
+        """``live`` with the measured figures; a recovery time it lacks stays as configured."""
+        recovery_s = live.recovery_s if self.recovery_s is None else self.recovery_s
+        return replace(live, recovery_s=recovery_s, coverage=self.coverage, overhead=self.overhead)
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def measure_run(run_dir: Path, default_overhead: float) -> RunMeasurement:
+    """Measure ``run_dir/ledger.jsonl``; raises ``ScenarioError`` when there is no ledger or
+    it records no failure (so coverage cannot be measured)."""
+    ledger = run_dir / "ledger.jsonl"
+    if not ledger.is_file():
+        raise ScenarioError(
+            f"--from-run {run_dir}: no ledger.jsonl there; pass a torchrelay run dir"
+        )
+    try:
+        entries = read_ledger(ledger)
+    except (OSError, UnicodeDecodeError) as err:
+        raise ScenarioError(f"--from-run {ledger}: cannot read the ledger ({err})") from None
+    events = [e for e in entries if isinstance(e, dict) and isinstance(e.get("event"), str)]
+    failures = sum(1 for e in events if e["event"] == "failure")
+    if failures == 0:
+        raise ScenarioError(
+            f"--from-run {ledger}: no 'failure' events, so coverage cannot be measured; "
+            "use a run with failures (e.g. chaos injection) or drop --from-run"
+        )
+    done = [e for e in events if e["event"] == "recovery_done"]
+    seconds = [s for s in (_number(e.get("recovery_seconds")) for e in done) if s is not None]
+    lossless = sum(1 for e in done if _number(e.get("lost_steps")) == 0)
+    benches = [o for o in (_number(e.get("overhead")) for e in events if e["event"] == "bench")]
+    measured = [o for o in benches if o is not None]
+    return RunMeasurement(
+        run_dir=run_dir,
+        failures=failures,
+        recoveries=len(done),
+        lossless_recoveries=lossless,
+        recovery_s=statistics.median(seconds) if seconds else None,
+        coverage=min(1.0, lossless / failures),
+        overhead=measured[-1] if measured else default_overhead,
+        overhead_measured=bool(measured),
+    )

@@ -1,0 +1,432 @@
+"""Scenario inputs: frozen dataclasses with validated ranges, loaded from dicts or YAML.
+
+Every duration carries its unit in its name (``_s`` seconds, ``_h`` hours). Settings are
+layered as nested dicts (scenario preset < YAML file < command line) and validated once, so
+an error always names the dotted field it is about, e.g. ``live.coverage``.
+"""
+
+from __future__ import annotations
+
+import math
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from torchrelay.simulate import presets
+from torchrelay.simulate.errors import ScenarioError
+from torchrelay.simulate.scaling import mttf_at
+
+HOURS_PER_YEAR = 8760.0
+# The average month (8760 / 12 = 730 h); the $307K/month claim only reproduces with it.
+HOURS_PER_MONTH = HOURS_PER_YEAR / 12
+
+
+def _check(ok: bool, name: str, rule: str, value: object) -> None:
+    if not ok:
+        raise ScenarioError(f"{name}: must be {rule}, got {value!r}")
+
+
+def _non_negative(name: str, value: float) -> None:
+    _check(math.isfinite(value) and value >= 0, name, "a finite number >= 0", value)
+
+
+def _positive(name: str, value: float) -> None:
+    _check(math.isfinite(value) and value > 0, name, "a finite number > 0", value)
+
+
+def _share(name: str, value: float, meaning: str) -> None:
+    _check(0 <= value <= 1, name, f"in [0, 1] ({meaning})", value)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The job's size and price: at least one GPU, a non-negative price per GPU-hour."""
+
+    gpus: int = 1024
+    price_per_gpu_h: float = 3.0
+
+    def __post_init__(self) -> None:
+        _check(self.gpus >= 1, "gpus", "an integer >= 1", self.gpus)
+        _non_negative("price_per_gpu_h", self.price_per_gpu_h)
+
+
+@dataclass(frozen=True)
+class CalibrationPoint:
+    """A measured interruption rate at one cluster size: the job MTTF or the per-GPU rate.
+
+    Exactly one of the two is given; ``job_mttf_h`` is always the job-level MTTF in hours.
+    """
+
+    gpus: int
+    mttf_h: float | None = None
+    per_gpu_failures_per_h: float | None = None
+
+    def __post_init__(self) -> None:
+        _check(self.gpus >= 1, "gpus", "an integer >= 1", self.gpus)
+        given = [v for v in (self.mttf_h, self.per_gpu_failures_per_h) if v is not None]
+        _check(len(given) == 1, "mttf_h", "given, or per_gpu_failures_per_h instead", given)
+        _positive("mttf_h" if self.mttf_h is not None else "per_gpu_failures_per_h", given[0])
+
+    @property
+    def job_mttf_h(self) -> float:
+        """Mean hours between interruptions of a job spanning ``gpus`` GPUs."""
+        if self.mttf_h is not None:
+            return self.mttf_h
+        assert self.per_gpu_failures_per_h is not None
+        return 1.0 / (self.gpus * self.per_gpu_failures_per_h)
+
+
+@dataclass(frozen=True)
+class FailureClass:
+    """One kind of interruption: how often (relative weight), how many GPUs it takes down at
+    once (its blast radius), and whether swapping in spares can cure it at all (a software
+    bug recurs on a spare; a dead GPU does not)."""
+
+    name: str
+    weight: float
+    gpus: int = 1
+    curable: bool = True
+
+    def __post_init__(self) -> None:
+        _non_negative("weight", self.weight)
+        _check(self.gpus >= 1, "gpus", "an integer >= 1", self.gpus)
+
+
+@dataclass(frozen=True)
+class Failures:
+    """When the job is interrupted and by what.
+
+    Rate: ``mttf_h`` (the job MTTF at this cluster size) if set, else the ``calibration``
+    preset name or points, interpolated in log-log space. Timing: a Poisson process, or a
+    renewal process with Weibull gaps of the same mean. Kind: the ``mix`` of failure classes.
+    """
+
+    mttf_h: float | None = None
+    calibration: str | tuple[CalibrationPoint, ...] = "kokolis2024"
+    process: Literal["poisson", "weibull"] = "poisson"
+    weibull_shape: float = 1.0
+    mix: str | tuple[FailureClass, ...] = "single-gpu"
+
+    def __post_init__(self) -> None:
+        if self.mttf_h is not None:
+            _positive("mttf_h", self.mttf_h)
+        _positive("weibull_shape", self.weibull_shape)
+        if isinstance(self.calibration, str):
+            presets.lookup(presets.CALIBRATIONS, "calibration", self.calibration)
+        else:
+            sizes = [p.gpus for p in self.calibration]
+            _check(bool(sizes), "calibration", "a preset name or at least one point", sizes)
+            _check(len(set(sizes)) == len(sizes), "calibration", "distinct GPU counts", sizes)
+        if isinstance(self.mix, str):
+            presets.lookup(presets.MIXES, "mix", self.mix)
+        else:
+            total = sum(c.weight for c in self.mix)
+            _check(total > 0, "mix", "classes with a positive total weight", total)
+
+    def points(self, gpus: int) -> tuple[tuple[int, float], ...]:
+        """Calibration as (GPUs, job MTTF h) pairs; an explicit ``mttf_h`` is one pair at
+        ``gpus``, which holds its per-GPU rate constant at other sizes."""
+        if self.mttf_h is not None:
+            return ((gpus, self.mttf_h),)
+        if isinstance(self.calibration, str):
+            return presets.lookup(presets.CALIBRATIONS, "calibration", self.calibration).points
+        return tuple((p.gpus, p.job_mttf_h) for p in self.calibration)
+
+    def classes(self) -> tuple[FailureClass, ...]:
+        """The failure classes of the mix (preset resolved), weights not yet normalised."""
+        if isinstance(self.mix, str):
+            preset = presets.lookup(presets.MIXES, "mix", self.mix)
+            return tuple(FailureClass(*row) for row in preset.classes)
+        return self.mix
+
+    def with_burst(self, share: float, gpus: int) -> Failures:
+        """This mix plus a correlated-burst class (a rack or power domain: ``gpus`` GPUs at
+        once, still curable given enough spares) that makes up ``share`` of interruptions."""
+        _check(0 <= share < 1, "burst share", "in [0, 1)", share)
+        _check(gpus >= 1, "burst gpus", "an integer >= 1", gpus)
+        classes = self.classes()
+        total = sum(c.weight for c in classes)
+        scaled = tuple(replace(c, weight=c.weight / total * (1 - share)) for c in classes)
+        return replace(self, mix=(*scaled, FailureClass("correlated-burst", share, gpus, True)))
+
+
+@dataclass(frozen=True)
+class Checkpointing:
+    """Periodic checkpoints: blocking save cost and interval (None: Young/Daly optimum
+    sqrt(2 * save * MTTF), computed per strategy from the failures it cannot cure live)."""
+
+    interval_h: float | None = None
+    save_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        _non_negative("save_s", self.save_s)
+        if self.interval_h is not None:
+            _positive("interval_h", self.interval_h)
+        elif self.save_s == 0:
+            raise ScenarioError(
+                "interval_h: not set and save_s is 0, so the Young/Daly interval "
+                "sqrt(2 * save * MTTF) would be 0; set interval_h (e.g. 1.5) or save_s > 0"
+            )
+
+
+@dataclass(frozen=True)
+class Restart:
+    """Checkpoint-restart cost per failure, split into its phases. Only the total enters the
+    model; the default split (sum 20 min, the vendor claims' restart) is illustrative."""
+
+    detect_s: float = 120.0
+    replace_s: float = 300.0
+    restore_s: float = 300.0
+    startup_s: float = 480.0
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            _non_negative(f.name, getattr(self, f.name))
+
+    @property
+    def total_s(self) -> float:
+        """Seconds from failure to training again, excluding rework."""
+        return self.detect_s + self.replace_s + self.restore_s + self.startup_s
+
+
+@dataclass(frozen=True)
+class LiveRecovery:
+    """Live recovery onto hot spares.
+
+    ``recovery_s``: pause from failure to training again (end to end). ``coverage``: share of
+    curable failures it cures with zero lost steps. ``overhead``: steady-state throughput
+    cost. ``warning_share``: share of curable failures announced early enough to migrate
+    away proactively (zero rework; costs one pause and the spares).
+    """
+
+    recovery_s: float = 90.0
+    coverage: float = 0.95
+    overhead: float = 0.01
+    warning_share: float = 0.0
+
+    def __post_init__(self) -> None:
+        _non_negative("recovery_s", self.recovery_s)
+        _share("coverage", self.coverage, "share of failures cured live")
+        _check(0 <= self.overhead < 1, "overhead", "in [0, 1) (throughput lost)", self.overhead)
+        _share("warning_share", self.warning_share, "share of failures with warning signs")
+
+
+@dataclass(frozen=True)
+class Spares:
+    """The hot-spare pool that live recovery draws from.
+
+    ``count`` None sizes the pool to the smallest one whose blocking probability is at most
+    ``target_blocking``. A used spare returns after ``repair_h``. ``source`` idle: the pool
+    is paid for all the time; borrowed: taken from a lower-priority job, which loses
+    ``preempt_gpu_h`` GPU-hours of its own work per GPU taken.
+    """
+
+    count: int | None = None
+    source: Literal["idle", "borrowed"] = "idle"
+    repair_h: float = 24.0
+    target_blocking: float = 0.001
+    preempt_gpu_h: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.count is not None:
+            _check(self.count >= 0, "count", "an integer >= 0 or null (auto)", self.count)
+        _positive("repair_h", self.repair_h)
+        _check(0 < self.target_blocking < 1, "target_blocking", "in (0, 1)", self.target_blocking)
+        _non_negative("preempt_gpu_h", self.preempt_gpu_h)
+
+
+@dataclass(frozen=True)
+class Simulation:
+    """Monte Carlo settings: replications (0 skips it; else >= 2 for an interval), run
+    length in days, and the seed that makes results reproducible."""
+
+    replications: int = 200
+    run_days: float = 30.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        ok = self.replications == 0 or self.replications >= 2
+        _check(ok, "replications", "0 (skip) or >= 2", self.replications)
+        _positive("run_days", self.run_days)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """Everything both engines need; every field validated on construction."""
+
+    cluster: Cluster = field(default_factory=Cluster)
+    failures: Failures = field(default_factory=Failures)
+    checkpoint: Checkpointing = field(default_factory=Checkpointing)
+    restart: Restart = field(default_factory=Restart)
+    live: LiveRecovery = field(default_factory=LiveRecovery)
+    spares: Spares = field(default_factory=Spares)
+    simulation: Simulation = field(default_factory=Simulation)
+
+    @property
+    def mttf_h(self) -> float:
+        """Job MTTF in hours at this cluster size."""
+        return mttf_at(self.failures.points(self.cluster.gpus), self.cluster.gpus)
+
+    def at_size(self, gpus: int) -> Scenario:
+        """The same scenario at another size; an explicit MTTF keeps its per-GPU rate."""
+        points = self.failures.points(self.cluster.gpus)
+        calibration = tuple(CalibrationPoint(n, mttf_h=m) for n, m in points)
+        return replace(
+            self,
+            cluster=replace(self.cluster, gpus=gpus),
+            failures=replace(self.failures, mttf_h=None, calibration=calibration),
+        )
+
+
+def merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` updated by ``override``, recursing into mappings both sides have."""
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def scenario_from_dict(settings: Mapping[str, Any]) -> Scenario:
+    """A validated Scenario from YAML-shaped settings; a ``preset`` key names a scenario
+    preset the other keys override. Raises ``ScenarioError`` naming the bad field."""
+    if not isinstance(settings, Mapping):
+        raise ScenarioError(f"scenario: expected a mapping of sections, got {settings!r}")
+    rest = dict(settings)
+    name = rest.pop("preset", None)
+    if name is not None:
+        if not isinstance(name, str):
+            raise ScenarioError(f"preset: expected a preset name, got {name!r}")
+        rest = merge(presets.lookup(presets.SCENARIOS, "scenario", name).settings, rest)
+    return _build(Scenario, rest, "")
+
+
+def read_settings(path: Path) -> dict[str, Any]:
+    """The YAML mapping in ``path``; unreadable or malformed files raise ``ScenarioError``
+    with the line and column of the problem."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise ScenarioError(f"{path}: cannot read scenario file ({err.strerror})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or str(err)
+        raise ScenarioError(f"{path}: malformed YAML{where}: {problem}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{path}: expected a mapping of sections at the top, got {data!r}")
+    return data
+
+
+def load_scenario(path: Path) -> Scenario:
+    """The validated Scenario described by the YAML file at ``path``."""
+    return scenario_from_dict(read_settings(path))
+
+
+def _join(where: str, key: object) -> str:
+    return f"{where}.{key}" if where else str(key)
+
+
+def _build(cls: type, data: Any, where: str) -> Any:
+    names = [f.name for f in fields(cls)]
+    if not isinstance(data, Mapping):
+        label = where or "scenario"
+        raise ScenarioError(f"{label}: expected a mapping with keys {names}, got {data!r}")
+    unknown = [key for key in data if key not in names]
+    if unknown:
+        raise ScenarioError(f"{_join(where, unknown[0])}: unknown key; valid keys: {names}")
+    hints = typing.get_type_hints(cls)
+    kwargs = {key: _coerce(hints[key], value, _join(where, key)) for key, value in data.items()}
+    required = [f.name for f in fields(cls) if f.name not in kwargs and _is_required(f)]
+    if required:
+        raise ScenarioError(f"{where or 'scenario'}: missing required key(s) {required}")
+    try:
+        return cls(**kwargs)
+    except ScenarioError as err:
+        # Field validators only know their own name; add the path to it.
+        raise ScenarioError(_join(where, str(err))) from None
+
+
+def _is_required(f: Any) -> bool:
+    return f.default is MISSING and f.default_factory is MISSING
+
+
+def _coerce(hint: Any, value: Any, where: str) -> Any:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        arms = typing.get_args(hint)
+        if value is None and type(None) in arms:
+            return None
+        for arm in arms:
+            if arm is not type(None) and _fits(arm, value):
+                return _coerce(arm, value, where)
+        wanted = " or ".join(_describe(arm) for arm in arms)
+        raise ScenarioError(f"{where}: expected {wanted}, got {value!r}")
+    if not _fits(hint, value):
+        raise ScenarioError(f"{where}: expected {_describe(hint)}, got {value!r}")
+    if origin is tuple:
+        item = typing.get_args(hint)[0]
+        return tuple(_coerce(item, v, f"{where}[{i}]") for i, v in enumerate(value))
+    if is_dataclass(hint):
+        return _build(hint, value, where)
+    if hint is float:
+        return float(value)
+    if hint is int:
+        return int(float(value))
+    return value
+
+
+def _fits(hint: Any, value: Any) -> bool:
+    """Whether ``value`` has the shape of ``hint`` (contents are checked when coerced)."""
+    origin = typing.get_origin(hint)
+    if origin is Literal:
+        return value in typing.get_args(hint)
+    if origin is tuple:
+        return isinstance(value, (list, tuple))
+    if is_dataclass(hint):
+        return isinstance(value, Mapping)
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return _is_number(value) and float(value).is_integer()
+    if hint is float:
+        return _is_number(value)
+    return isinstance(value, hint)
+
+
+def _is_number(value: Any) -> bool:
+    # YAML 1.1 reads "1e-4" (no dot) as a string, so numeric strings count as numbers.
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, (int, float)):
+        return True
+    if isinstance(value, str):
+        try:
+            float(value)
+        except ValueError:
+            return False
+        return True
+    return False
+
+
+def _describe(hint: Any) -> str:
+    origin = typing.get_origin(hint)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(choice) for choice in typing.get_args(hint))
+    if origin is tuple:
+        return "a list"
+    if is_dataclass(hint):
+        return "a mapping"
+    names = {bool: "true/false", int: "an integer", float: "a number", str: "a name"}
+    return names.get(hint, "null" if hint is type(None) else getattr(hint, "__name__", "?"))
