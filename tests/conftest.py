@@ -41,3 +41,21 @@ def run_ranks(
 @pytest.fixture
 def ranks():
     return run_ranks
+
+
+@pytest.fixture(scope="session")
+def reference_weights(tmp_path_factory):
+    """Final weights of failure-free runs of tests/scripts/mlp_train.py, by step count."""
+    from tests.jobs import run_job
+
+    cache: dict[int, dict] = {}
+
+    def get(steps: int) -> dict:
+        if steps not in cache:
+            job = run_job(tmp_path_factory.mktemp(f"reference{steps}"), steps=steps, spares=0)
+            assert job.returncode == 0, job.output
+            assert job.summary()["failures"] == []
+            cache[steps] = job.weights()
+        return cache[steps]
+
+    return get

@@ -2,7 +2,7 @@
 
 import pytest
 
-from torchrelay.chaos import ChaosSpecError, parse_chaos, parse_schedule
+from torchrelay.chaos import ChaosSpecError, parse_chaos, parse_schedule, random_schedule
 
 
 def test_kill_spec_with_phase():
@@ -32,3 +32,27 @@ def test_bad_specs_explain_themselves(spec, message):
 def test_rank_outside_world_is_refused():
     with pytest.raises(ChaosSpecError, match="outside the job"):
         parse_schedule(["kill:rank=4:step=1"], world_size=4)
+
+
+def test_random_schedule_is_reproducible_and_mixed():
+    specs = random_schedule(
+        3, failures=30, world_size=3, first_step=2, last_step=120, hangs=4, during_recovery=3
+    )
+    assert specs == random_schedule(3, 30, 3, 2, 120, hangs=4, during_recovery=3)
+    assert len(specs) == 30
+    events = parse_schedule(specs, world_size=3)
+    assert sum(e.action == "hang" for e in events) == 4
+    assert sum(e.phase == "transfer" for e in events) == 3
+    primary = [e.step for e in events if e.phase != "transfer"]
+    assert all(b - a >= 2 for a, b in zip(primary, primary[1:]))
+
+
+def test_random_schedule_refuses_impossible_requests():
+    with pytest.raises(ValueError, match="do not fit"):
+        random_schedule(0, failures=10, world_size=2, first_step=0, last_step=5)
+
+
+def test_slow_needs_seconds():
+    assert parse_chaos("slow:rank=1:step=3:seconds=0.2", 0).seconds == 0.2
+    with pytest.raises(ChaosSpecError, match="seconds"):
+        parse_chaos("slow:rank=1:step=3", 0)

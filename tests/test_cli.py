@@ -107,6 +107,7 @@ def test_report_json_has_the_documented_fields(tmp_path):
         timeline=timeline,
         failures=[{"process": "worker1"}],
         recovery_seconds=0.5,
+        stall_seconds=0.6,
         bytes_transferred=1000,
         lost_steps=0,
         recomputed_steps=1,

@@ -17,6 +17,9 @@ class JobConfig:
     replacement before the job stops. Hardware-like failures (killed by a signal) are recovered
     as long as spares exist. ``spare_timeout`` bounds how long a recovery waits for a spare;
     ``halt_timeout`` bounds how long it waits for survivors to stop their step in flight.
+    A process whose heartbeats stop for ``max(hang_floor, hang_factor x median step time)``
+    is declared hung and fenced. A rank whose compute time per step exceeds ``straggler_ratio``
+    times its peers' median is reported as a straggler.
     """
 
     script: str
@@ -30,6 +33,9 @@ class JobConfig:
     spare_timeout: float = 300.0
     halt_timeout: float = 120.0
     collective_timeout: float = 300.0
+    hang_floor: float = 10.0
+    hang_factor: float = 10.0
+    straggler_ratio: float = 1.5
     chaos: list[ChaosEvent] = field(default_factory=list)
     master_addr: str = "127.0.0.1"
     master_port: int = 0

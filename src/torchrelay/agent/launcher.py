@@ -88,6 +88,7 @@ class Launch:
             run_dir=str(self.config.run_dir),
         )
         self.server.start()
+        self.controller.start_monitor()
         interrupted = threading.Event()
         previous = signal.getsignal(signal.SIGINT)
         if threading.current_thread() is threading.main_thread():

@@ -59,6 +59,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="seconds survivors get to stop their step in flight",
     )
     p.add_argument(
+        "--hang-floor",
+        type=float,
+        default=10.0,
+        help="a worker silent for max(this, 10 x median step time) seconds is declared hung "
+        "and fenced",
+    )
+    p.add_argument(
         "--run-dir",
         type=Path,
         default=None,
@@ -107,6 +114,7 @@ def config_from_args(args: argparse.Namespace) -> JobConfig:
         max_restarts=args.max_restarts,
         spare_timeout=args.spare_timeout,
         halt_timeout=args.halt_timeout,
+        hang_floor=args.hang_floor,
         chaos=chaos,
         master_addr=host,
         master_port=int(port),

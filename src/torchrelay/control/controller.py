@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import queue
 import signal
+import statistics
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -56,6 +57,10 @@ class Member:
     generation: int = -1
     state: str = "starting"
     committed: int = -1
+    valid: bool = True
+    last_seen: float = field(default_factory=time.time)
+    timings: dict[str, float] = field(default_factory=dict)
+    detected_by: str = "process exit (waitpid)"
     error: dict[str, Any] | None = None
     outbox: queue.Queue[dict[str, Any]] = field(default_factory=queue.Queue)
 
@@ -89,8 +94,12 @@ class Controller:
         self.bug_restarts = 0
         self.spare_failures = 0
         self.outcome: dict[str, Any] | None = None
+        self.stragglers: dict[str, dict[str, Any]] = {}
         self._cond = threading.Condition()
         self._failed: dict[int, dict[str, Any]] = {}
+        self._replan: str | None = None
+        self._carried: Recovery | None = None
+        self._replans = 0
         self._recovery: Recovery | None = None
         self._recovery_thread: threading.Thread | None = None
         self._done: set[int] = set()
@@ -151,11 +160,16 @@ class Controller:
             return []
         return [e.to_dict() for e in self.chaos_pending.values() if e.rank == slot]
 
-    def watch(self, process: str) -> Iterator[dict[str, Any]]:
-        """Messages for ``process`` (abort, plan, finish), in order, until it should stop."""
+    def watch(
+        self, process: str, active: Callable[[], bool] = lambda: True
+    ) -> Iterator[dict[str, Any]]:
+        """Messages for ``process`` (abort, plan, finish), in order, until it should stop.
+
+        Ends when ``active()`` turns false (the stream was cancelled or the server stopped).
+        """
         with self._cond:
             member = self._member(process)
-        while True:
+        while active():
             try:
                 message = member.outbox.get(timeout=0.5)
             except queue.Empty:
@@ -183,6 +197,7 @@ class Controller:
             member = self._member(process)
             if kind != "error":
                 self._check_fence(member, body)
+            member.last_seen = time.time()
             result = handler(member, body) or {}
             self._cond.notify_all()
             return result
@@ -215,6 +230,9 @@ class Controller:
             )
 
     def _on_progress(self, member: Member, body: dict[str, Any]) -> None:
+        for key in ("step_seconds", "compute_seconds"):
+            if key in body:
+                member.timings[key] = float(body[key])
         step = int(body["step"])
         member.committed = max(member.committed, step)
         self.highest_committed = max(self.highest_committed, step)
@@ -235,7 +253,24 @@ class Controller:
 
     def _on_halted(self, member: Member, body: dict[str, Any]) -> None:
         member.committed = int(body["committed"])
+        member.valid = bool(body.get("valid", True))
         member.state = "halted"
+        recovery = self._recovery
+        if (
+            recovery is not None
+            and recovery.plan is not None
+            and body.get("generation") == (recovery.plan.generation)
+        ):
+            # A member could not complete the published plan (its transfer failed or was
+            # aborted): plan again with what is alive.
+            self._replan = str(body.get("reason", "a member could not enter the generation"))
+            self.ledger.record(
+                "recovery_failed",
+                process=member.process,
+                slot=member.slot,
+                generation=recovery.plan.generation,
+                reason=self._replan,
+            )
         if self._recovery is not None and body.get("in_flight") is not None:
             self._recovery.in_flight.add(int(body["in_flight"]))
         self.highest_committed = max(self.highest_committed, member.committed)
@@ -335,9 +370,13 @@ class Controller:
             "last_reported_step": member.committed,
             "cause": cause,
             "kind": kind,
-            "detected_by": "process exit (waitpid)",
+            "detected_by": member.detected_by,
             "generation": self.generation,
             "t": time.time(),
+            # When it really stopped working: its last sign of life for a hang.
+            "onset": (
+                member.last_seen if member.detected_by.startswith("heartbeat") else time.time()
+            ),
         }
         if member.error is not None:
             failure["traceback"] = member.error["traceback"]
@@ -360,6 +399,68 @@ class Controller:
             )
             self._recovery_thread.start()
 
+    # ---------------------------------------------------------------- monitor
+    def start_monitor(self, interval: float = 0.25) -> None:
+        """Watch heartbeats (hangs) and step timings (stragglers) in a background thread."""
+        threading.Thread(
+            target=self._monitor, args=(interval,), name="torchrelay-monitor", daemon=True
+        ).start()
+
+    def _monitor(self, interval: float) -> None:
+        with self._cond:
+            while not self.finished:
+                self._cond.wait(interval)
+                self._check_hangs(time.time())
+                self._check_stragglers()
+
+    def hang_timeout(self) -> float:
+        """Heartbeat silence that means a hang: a multiple of the job's median step time."""
+        steps = [
+            m.timings["step_seconds"] for m in self._slot_members() if "step_seconds" in m.timings
+        ]
+        median = statistics.median(steps) if steps else 0.0
+        return max(self.config.hang_floor, self.config.hang_factor * median)
+
+    def _check_hangs(self, now: float) -> None:
+        timeout = self.hang_timeout()
+        for member in self._slot_members():
+            silent = now - member.last_seen
+            if member.state in ("dead", "fenced", "fencing") or silent <= timeout:
+                continue
+            member.state = "fencing"
+            member.detected_by = (
+                f"heartbeat silent for {silent:.1f} s (hang timeout {timeout:.1f} s)"
+            )
+            self.ledger.record(
+                "hang_detected",
+                process=member.process,
+                slot=member.slot,
+                silent_seconds=silent,
+                timeout=timeout,
+            )
+            self.agent.fence(member.process)
+
+    def _check_stragglers(self) -> None:
+        compute = {
+            m.slot: m.timings["compute_seconds"]
+            for m in self._slot_members()
+            if "compute_seconds" in m.timings
+        }
+        if len(compute) < 2:
+            return
+        for slot, seconds in compute.items():
+            peers = statistics.median(v for s, v in compute.items() if s != slot)
+            slow = seconds > self.config.straggler_ratio * peers and seconds - peers > 0.01
+            process = self.assignments[slot]  # type: ignore[index]
+            if slow and process not in self.stragglers:
+                self.stragglers[process] = {
+                    "slot": slot,
+                    "compute_seconds": seconds,
+                    "peers_median": peers,
+                    "slowdown": seconds / peers,
+                }
+                self.ledger.record("straggler", process=process, **self.stragglers[process])
+
     # ---------------------------------------------------------------- recovery
     def _slot_members(self) -> list[Member]:
         return [self.members[p] for p in self.assignments.values()]
@@ -368,7 +469,7 @@ class Controller:
         try:
             while True:
                 with self._cond:
-                    if not self._failed or self.finished:
+                    if not (self._failed or self._replan) or self.finished:
                         self._recovery_thread = None
                         return
                 self._recover_once()
@@ -380,7 +481,19 @@ class Controller:
     def _recover_once(self) -> None:
         with self._cond:
             failures = dict(self._failed)
-            recovery = Recovery(list(failures.values()), min(f["t"] for f in failures.values()))
+            if self._replan is not None:
+                self._replans += 1
+                if self._replans > self.config.max_restarts:
+                    self._fail(
+                        f"recovery failed {self._replans} times in a row; last: {self._replan}"
+                    )
+                    return
+            self._replan = None
+            previous, self._carried = self._carried, None
+            merged = (previous.failures if previous else []) + list(failures.values())
+            recovery = Recovery(merged, min((f["t"] for f in merged), default=time.time()))
+            if previous is not None:
+                recovery.in_flight = set(previous.in_flight)
             self._recovery = recovery
             old_generation = self.generation
             survivors = [m for m in self._slot_members() if m.slot not in failures]
@@ -394,15 +507,16 @@ class Controller:
                 slots=sorted(failures),
                 t=recovery.detected,
             )
+
+            def interrupted() -> bool:
+                return self.finished or self._failed.keys() != failures.keys()
+
             ok = self._cond.wait_for(
-                lambda: (
-                    self.finished
-                    or self._failed.keys() != failures.keys()
-                    or len(self._ready_spares()) >= len(failures)
-                ),
+                lambda: interrupted() or len(self._ready_spares()) >= len(failures),
                 timeout=self.config.spare_timeout,
             )
-            if self.finished or self._failed.keys() != failures.keys():
+            if interrupted():
+                self._carried = recovery
                 return
             if not ok:
                 self._fail(
@@ -413,14 +527,11 @@ class Controller:
                 return
             recovery.spare_ready = time.time()
             halted = self._cond.wait_for(
-                lambda: (
-                    self.finished
-                    or self._failed.keys() != failures.keys()
-                    or all(m.state == "halted" for m in survivors)
-                ),
+                lambda: interrupted() or all(m.state == "halted" for m in survivors),
                 timeout=self.config.halt_timeout,
             )
-            if self.finished or self._failed.keys() != failures.keys():
+            if interrupted():
+                self._carried = recovery
                 return
             if not halted:
                 stuck = sorted(m.slot for m in survivors if m.state != "halted")
@@ -454,6 +565,7 @@ class Controller:
                 replacements,
                 {m.slot: m.committed for m in survivors},  # type: ignore[misc]
                 self.highest_committed,
+                frozenset(m.slot for m in survivors if not m.valid),  # type: ignore[misc]
             )
         except PlanningError as exc:
             self._fail(str(exc))
@@ -474,6 +586,7 @@ class Controller:
         for slot, process in plan.assignments.items():
             member = self.members[process]
             member.slot, member.generation, member.state = slot, plan.generation, "active"
+            member.last_seen = time.time()
             member.outbox.put({**message, "slot": slot, "chaos": self._chaos_for(slot)})
         self.ledger.record(
             "recovery_planned",
@@ -503,11 +616,18 @@ class Controller:
                 lambda: (
                     self.finished
                     or bool(self._failed)
+                    or self._replan is not None
                     or members <= set(recovery.phases.get("first_step", {}))
                 )
             )
-            if self.finished or self._failed:
+            if self.finished:
                 return
+            if self._failed or self._replan is not None:
+                # One recovery covers every failure until the job runs again.
+                self.ledger.record("recovery_superseded", generation=plan.generation)
+                self._carried = recovery
+                return
+            self._replans = 0
             self._record_recovery(recovery, plan)
             self._recovery = None
             if all(m.state == "done" for m in self._slot_members()):
@@ -536,6 +656,7 @@ class Controller:
             target_step=plan.target_step,
             timeline=timeline,
             recovery_seconds=timeline["first_step"] - timeline["detected"],
+            stall_seconds=timeline["first_step"] - min(f["onset"] for f in recovery.failures),
             bytes_transferred=received,
             lost_steps=plan.lost_steps,
             recomputed_steps=len({s for s in recovery.in_flight if s > plan.target_step}),

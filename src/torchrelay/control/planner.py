@@ -72,6 +72,7 @@ def plan_recovery(
     replacements: dict[int, Spare],
     committed: dict[int, int],
     highest_committed: int,
+    invalid: frozenset[int] = frozenset(),
 ) -> RecoveryPlan:
     """Plan generation ``generation + 1`` after the slots in ``replacements`` failed.
 
@@ -79,9 +80,15 @@ def plan_recovery(
     every rank is either at s or s+1). The target is the highest of them; survivors below it
     are laggards and receive state like the replacements do. ``highest_committed`` is the
     highest step any rank ever reported committed, so a dead rank that was ahead would show up
-    as lost steps instead of being silently dropped.
+    as lost steps instead of being silently dropped. Slots in ``invalid`` hold no usable state
+    (a receiver interrupted mid-transfer, a spare that never received): they always receive.
     """
-    survivors = {slot: step for slot, step in committed.items() if slot not in replacements}
+    survivors = {
+        slot: step
+        for slot, step in committed.items()
+        if slot not in replacements and slot not in invalid
+    }
+    stale = tuple(slot for slot in committed if slot in invalid and slot not in replacements)
     if not survivors:
         raise PlanningError(
             "no live replica survives: every slot failed, so there is no source for the state "
@@ -98,7 +105,7 @@ def plan_recovery(
         target_step=target,
         assignments=new_assignments,
         sources=sources,
-        receivers=tuple(sorted((*replacements, *laggards))),
+        receivers=tuple(sorted((*replacements, *laggards, *stale))),
         replaced={slot: spare.process for slot, spare in replacements.items()},
         lost_steps=max(0, highest_committed - target),
     )

@@ -98,10 +98,7 @@ class ControlServer:
     def _watch(self, request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
         body = self._open(request, context)
         try:
-            messages = self.controller.watch(str(body["process"]))
-            for message in messages:
-                if not context.is_active():
-                    return
+            for message in self.controller.watch(str(body["process"]), context.is_active):
                 yield seal(message, self._token)
         except ProtocolError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad request: {exc}")

@@ -47,6 +47,12 @@ def summarize(run_dir: Path) -> dict[str, Any]:
         "zero_loss_recoveries": sum(1 for f in recovered if f["lost_steps"] == 0),
         "recovered": len(recovered),
         "chaos_fired": sum(1 for e in events if e["event"] == "chaos_fired"),
+        "stragglers": [
+            {k: e[k] for k in ("process", "slot", "slowdown")}
+            for e in events
+            if e["event"] == "straggler"
+        ],
+        "hangs_detected": sum(1 for e in events if e["event"] == "hang_detected"),
         "refused_messages": sum(
             1 for e in events if e["event"] in ("fenced_refused", "rejected_message")
         ),
@@ -62,6 +68,7 @@ def _failure_entry(event: dict[str, Any], recovery: dict[str, Any] | None) -> di
         "detected_by": event["detected_by"],
         "recovered": recovery is not None,
         "recovery_seconds": None,
+        "stall_seconds": None,
         "lost_steps": None,
         "recomputed_steps": None,
         "bytes_transferred": None,
@@ -71,6 +78,7 @@ def _failure_entry(event: dict[str, Any], recovery: dict[str, Any] | None) -> di
         entry.update(
             step=recovery["target_step"] + 1,
             recovery_seconds=recovery["recovery_seconds"],
+            stall_seconds=recovery["stall_seconds"],
             lost_steps=recovery["lost_steps"],
             recomputed_steps=recovery["recomputed_steps"],
             bytes_transferred=recovery["bytes_transferred"],
@@ -98,8 +106,9 @@ def render_text(summary: dict[str, Any]) -> str:
             continue
         phases = "  ".join(f"{k} {v * 1000:.0f} ms" for k, v in f["phases"].items())
         lines.append(
-            f"{head}\n      recovered in {f['recovery_seconds']:.2f} s, resumed at step "
-            f"{f['resumed_at_step']}, lost {f['lost_steps']} step(s), recomputed "
+            f"{head}\n      recovered in {f['recovery_seconds']:.2f} s "
+            f"(stall {f['stall_seconds']:.2f} s), resumed at step {f['resumed_at_step']}, "
+            f"lost {f['lost_steps']} step(s), recomputed "
             f"{f['recomputed_steps']}, moved {f['bytes_transferred'] / 1e6:.3f} MB\n      {phases}"
         )
     return "\n".join(lines)

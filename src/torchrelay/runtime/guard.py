@@ -16,6 +16,10 @@ from typing import Any
 import torch
 
 
+class GenerationAborted(RuntimeError):
+    """The controller aborted the generation this rank was recovering into."""
+
+
 class StepGuard:
     """Tracks the health of the current step and of the current generation. Thread-safe."""
 
@@ -25,6 +29,7 @@ class StepGuard:
         self.poison_reason: str | None = None
         self.optimizer_applied = False
         self._aborted = False
+        self._aborted_upto = -1
         self._pending: dict[int, Callable[[bool], None]] = {}
         self._next_id = 0
 
@@ -44,7 +49,8 @@ class StepGuard:
     def enter_generation(self, generation: int) -> None:
         with self._lock:
             self.generation = generation
-            self._aborted = False
+            # An abort can overtake the plan it cancels: remember it for when we get there.
+            self._aborted = generation <= self._aborted_upto
             self.poison_reason = None
 
     def poison(self, reason: str) -> None:
@@ -55,6 +61,7 @@ class StepGuard:
     def abort(self, generation: int) -> None:
         """Release every pending collective of ``generation`` as failed."""
         with self._lock:
+            self._aborted_upto = max(self._aborted_upto, generation)
             if generation != self.generation:
                 return
             self._aborted = True
@@ -64,6 +71,34 @@ class StepGuard:
             self._pending.clear()
         for settle in pending:
             settle(False)
+
+    def wait_works(self, works: list[Any]) -> None:
+        """Wait for point-to-point works (which have no futures in gloo) unless aborted first.
+
+        A daemon thread waits on them; if the generation is aborted, the caller is released
+        with :class:`GenerationAborted` and the thread is left to the group's timeout.
+        """
+        done = threading.Event()
+        errors: list[BaseException] = []
+
+        def wait_all() -> None:
+            try:
+                for work in works:
+                    work.wait()
+            except RuntimeError as exc:
+                errors.append(exc)
+            done.set()
+
+        ticket = self.track(lambda _ok: done.set())
+        if ticket is None:
+            raise GenerationAborted(f"generation {self.generation} aborted")
+        threading.Thread(target=wait_all, name="torchrelay-transfer-wait", daemon=True).start()
+        done.wait()
+        self.untrack(ticket)
+        if self._aborted:
+            raise GenerationAborted(f"generation {self.generation} aborted during transfer")
+        if errors:
+            raise errors[0]
 
     def track(self, settle: Callable[[bool], None]) -> int | None:
         """Register a pending collective; ``None`` means: already aborted, settle it now."""

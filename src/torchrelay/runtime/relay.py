@@ -35,14 +35,16 @@ from torchrelay.control.service import ControlClient, ControlError
 from torchrelay.runtime.data import step_loader
 from torchrelay.runtime.env import RelayEnv
 from torchrelay.runtime.facade import StableProcessGroup, new_gloo_group
-from torchrelay.runtime.guard import StepGuard, guard_optimizer
+from torchrelay.runtime.guard import GenerationAborted, StepGuard, guard_optimizer
 from torchrelay.runtime.rng import SETUP_STEP, seed_all
+from torchrelay.runtime.timing import StepTimer
 from torchrelay.runtime.tracked import TrackedState, TrackingError
-from torchrelay.transfer.engine import receive_state, send_state
+from torchrelay.transfer.engine import receive_state, schema_key, send_state
 
 EXIT_FENCED = 70
 EXIT_CONTROLLER_LOST = 75
-PROGRESS_INTERVAL = 1.0
+HEARTBEAT_INTERVAL = 0.5
+KEY_POLL = datetime.timedelta(milliseconds=200)
 
 
 class Relay:
@@ -70,15 +72,16 @@ class Relay:
         self._closing = threading.Event()
         self._current_step: int | None = None
         self._first_after_recovery = False
+        self._state_valid = self.rank is not None  # a spare holds no state worth sending
         self._retired: list[dist.ProcessGroup] = []
+        self.timer = StepTimer()
         seed_all(seed, SETUP_STEP, 0)
+        # Heartbeats start before the first rendezvous: waiting for slow peers is not a hang.
+        threading.Thread(target=self._heartbeat, name="torchrelay-heartbeat", daemon=True).start()
         if self.rank is not None:
             self._bind(self.generation, self.rank)
         threading.Thread(target=self._watch, name="torchrelay-watch", daemon=True).start()
-        threading.Thread(
-            target=self._report_progress, name="torchrelay-progress", daemon=True
-        ).start()
-        self.process_group.after_allreduce_launch = lambda: self._maybe_fire("backward")
+        self.process_group.after_allreduce_launch = self._on_allreduce_launch
         _install_excepthook(self)
 
     # ------------------------------------------------------------------ public API
@@ -151,6 +154,7 @@ class Relay:
             self.guard.begin_step()
             seed_all(self.seed, step, self.rank)  # type: ignore[arg-type]
             self._current_step = step
+            self.timer.start()
             yield step, (next(batches) if batches is not None else None)
             self._current_step = None
             if self.guard.poisoned and not self.guard.optimizer_applied:
@@ -161,6 +165,7 @@ class Relay:
                 batches = None
                 continue
             self.committed = step
+            self.timer.commit()
             self._report_resumed()
             if self.guard.poisoned:
                 self._recover(in_flight=None)
@@ -182,18 +187,36 @@ class Relay:
 
     # ------------------------------------------------------------------ generations
     def _bind(self, generation: int, rank: int) -> None:
-        store = dist.PrefixStore(f"torchrelay/g{generation}", self._store)
-        inner = new_gloo_group(store, rank, self.world_size, self._timeout)
-        previous = self.process_group.bind(inner, rank)
+        self.guard.enter_generation(generation)
         self.generation, self.rank = generation, rank
         os.environ["RANK"] = str(rank)
-        self.guard.enter_generation(generation)
+        store = dist.PrefixStore(f"torchrelay/g{generation}", self._store)
+        if generation > 0:
+            # Gloo's own rendezvous cannot be interrupted; meet on store keys first, so that a
+            # member dying now aborts this generation instead of stalling it for the timeout.
+            store.set(f"ready/{rank}", "1")
+            self._await_keys(store, [f"ready/{r}" for r in range(self.world_size)])
+        inner = new_gloo_group(store, rank, self.world_size, self._timeout)
+        previous = self.process_group.bind(inner, rank)
         if previous is not None:
             # Destroying a gloo group joins its threads, which may sit in a collective that
             # will only time out: drop the last reference off the training thread.
             self._retired.append(previous)
             del previous
             threading.Thread(target=self._release_retired, daemon=True).start()
+
+    def _await_keys(self, store: dist.Store, keys: list[str]) -> None:
+        """Wait until ``keys`` exist in ``store``, unless this generation is aborted first."""
+        deadline = time.monotonic() + self._timeout.total_seconds()
+        while True:
+            if self.guard.aborted:
+                raise GenerationAborted(f"generation {self.generation} aborted during rendezvous")
+            try:
+                store.wait(keys, KEY_POLL)
+                return
+            except dist.DistStoreError:
+                if time.monotonic() > deadline:
+                    raise
 
     def _release_retired(self) -> None:
         while self._retired:
@@ -242,36 +265,66 @@ class Relay:
                 return message
 
     def _apply_plan(self, plan: dict[str, Any]) -> None:
+        """Join the plan's generation and send or receive state; retry on newer plans.
+
+        If the generation is aborted (a member died meanwhile) or the transfer fails, report
+        halted -- with ``valid=False`` if this rank's state may be half-overwritten, so it is
+        never chosen as a source -- and follow the controller's next plan.
+        """
+        while True:
+            try:
+                self._enter(plan)
+                return
+            except (GenerationAborted, RuntimeError) as exc:
+                self._report(
+                    "halted",
+                    committed=self.committed,
+                    in_flight=None,
+                    valid=self._state_valid,
+                    reason=str(exc),
+                )
+                plan = self._next_message("plan")
+
+    def _enter(self, plan: dict[str, Any]) -> None:
         generation, slot = int(plan["generation"]), int(plan["slot"])
         target = int(plan["target_step"])
         sources, receivers = list(plan["sources"]), list(plan["receivers"])
+        self._chaos = [ChaosEvent.from_dict(e) for e in plan["chaos"]]
         self._bind(generation, slot)
         self._report("phase", phase="comm_ready", t=time.time())
+        self._maybe_fire("transfer", step=target + 1)
         own = self.tracked.state()
+        inner = self.process_group.inner
+        assert inner is not None
         if slot in sources:
-            if self.committed != target:
+            if self.committed != target or not self._state_valid:
                 raise RuntimeError(f"source rank {slot} is at step {self.committed}, not {target}")
             result = send_state(
-                self.process_group.inner,
+                inner,
                 self._store,
-                self.env.token,  # type: ignore[arg-type]
+                self.env.token,
                 generation,
                 {"step": target, "objects": own},
                 slot,
                 sources,
                 receivers,
+                wait=self.guard.wait_works,
             )
         elif slot in receivers:
+            self._state_valid = False
+            self._await_keys(self._store, [schema_key(generation)])
             result = receive_state(
-                self.process_group.inner,
+                inner,
                 self._store,
-                self.env.token,  # type: ignore[arg-type]
+                self.env.token,
                 generation,
                 {"step": self.committed, "objects": own},
                 sources,
+                wait=self.guard.wait_works,
             )
             self.tracked.load(result.state["objects"], own)
             self.committed = int(result.state["step"])
+            self._state_valid = True
         else:
             result = None
         self._report(
@@ -281,16 +334,26 @@ class Relay:
             bytes=0 if result is None else result.bytes,
             seconds=0.0 if result is None else result.seconds,
         )
-        self._chaos = [ChaosEvent.from_dict(e) for e in plan["chaos"]]
         self._first_after_recovery = True
 
     # ------------------------------------------------------------------ chaos
-    def _maybe_fire(self, phase: str) -> None:
-        step = self._current_step
+    def _on_allreduce_launch(self) -> None:
+        self.timer.collective_launched()
+        self._maybe_fire("backward")
+
+    def _maybe_fire(self, phase: str, step: int | None = None) -> None:
+        step = self._current_step if step is None else step
+        if step is None:
+            return
         for event in self._chaos:
-            if event.step == step and event.phase == phase:
+            if event.action == "slow" and step >= event.step and phase == "forward":
+                if step == event.step:
+                    self._report("chaos_fired", id=event.id)
+                # The injected fault itself: this rank computes slower from now on.
+                time.sleep(event.seconds)
+            elif event.step == step and event.phase == phase and event.action != "slow":
                 self._report("chaos_fired", id=event.id)
-                os.kill(os.getpid(), signal.SIGKILL)
+                os.kill(os.getpid(), signal.SIGKILL if event.action == "kill" else signal.SIGSTOP)
 
     # ------------------------------------------------------------------ control plane
     def _report(self, kind: str, **body: Any) -> dict[str, Any]:
@@ -310,17 +373,19 @@ class Relay:
             if not self._closing.is_set():
                 _die_on_control_error(exc)
 
-    def _report_progress(self) -> None:
-        reported = -1
-        while not self._closing.wait(PROGRESS_INTERVAL):
-            step = self.committed
-            if step != reported and self.rank is not None:
-                try:
-                    self._client.report("progress", generation=self.generation, step=step)
-                except ControlError as exc:
-                    if not self._closing.is_set():
-                        _die_on_control_error(exc)
-                reported = step
+    def _heartbeat(self) -> None:
+        """Sign of life and progress, off the training thread (never on the critical path)."""
+        while not self._closing.wait(HEARTBEAT_INTERVAL):
+            try:
+                self._client.report(
+                    "progress",
+                    generation=self.generation,
+                    step=self.committed,
+                    **self.timer.medians(),
+                )
+            except ControlError as exc:
+                if not self._closing.is_set():
+                    _die_on_control_error(exc)
 
 
 def _die_on_control_error(exc: ControlError) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,14 @@ import torch.distributed as dist
 from torchrelay.control.wire import seal, unseal
 from torchrelay.transfer.flatten import TensorSpec, as_bytes, flatten, unflatten
 from torchrelay.transfer.stripes import DEFAULT_CHUNK_BYTES, Chunk, assign_stripes, split_chunks
+
+WaitAll = Callable[[list[dist.Work]], None]
+
+
+def wait_plain(works: list[dist.Work]) -> None:
+    """Wait for every work in order (callers that need aborts pass their own waiter)."""
+    for work in works:
+        work.wait()
 
 
 class TransferError(RuntimeError):
@@ -40,7 +49,8 @@ def _crc(piece: torch.Tensor) -> int:
     return zlib.crc32(piece.numpy().data)
 
 
-def _schema_key(generation: int) -> str:
+def schema_key(generation: int) -> str:
+    """Where the sources publish a generation's state schema in the job's store."""
     return f"torchrelay/g{generation}/schema"
 
 
@@ -54,13 +64,14 @@ def send_state(
     sources: list[int],
     receivers: list[int],
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    wait: WaitAll = wait_plain,
 ) -> TransferResult:
     """Send this source's stripe of ``state`` to every receiver; returns bytes sent."""
     start = time.perf_counter()
     tree, tensors, specs = flatten(state)
     if rank == min(sources):
         schema = {"tree": tree, "specs": [s.to_json() for s in specs], "chunk_bytes": chunk_bytes}
-        store.set(_schema_key(generation), seal(schema, token))
+        store.set(schema_key(generation), seal(schema, token))
     views = [as_bytes(t) for t in tensors]
     chunks = split_chunks([v.numel() for v in views], chunk_bytes)
     mine = assign_stripes(chunks, sources)[rank]
@@ -71,8 +82,7 @@ def send_state(
         for chunk, piece in zip(mine, pieces, strict=True):
             works.append(pg.send([piece], receiver, chunk.index))
         works.append(pg.send([checksums], receiver, len(chunks) + rank))
-    for work in works:
-        work.wait()
+    wait(works)
     sent = sum(p.numel() for p in pieces) * len(receivers)
     return TransferResult(sent, time.perf_counter() - start)
 
@@ -84,13 +94,14 @@ def receive_state(
     generation: int,
     own_state: Any,
     sources: list[int],
+    wait: WaitAll = wait_plain,
 ) -> TransferResult:
     """Receive the full state from the sources; tensors land in ``own_state``'s where they fit.
 
     Returns the rebuilt state (``own_state``'s structure replaced by the sources').
     """
     start = time.perf_counter()
-    schema = unseal(store.get(_schema_key(generation)), token)
+    schema = unseal(store.get(schema_key(generation)), token)
     specs = [TensorSpec.from_json(s) for s in schema["specs"]]
     _, own_tensors, own_specs = flatten(own_state)
     own = {spec.path: t for spec, t in zip(own_specs, own_tensors, strict=True)}
@@ -107,8 +118,7 @@ def receive_state(
             )
         sums[source] = torch.empty(len(stripe), dtype=torch.int64)
         works.append(pg.recv([sums[source]], source, len(chunks) + source))
-    for work in works:
-        work.wait()
+    wait(works)
     for source, stripe in stripes.items():
         _verify(stripe, views, sums[source].tolist(), source)
     state = unflatten(schema["tree"], targets)

@@ -1,0 +1,42 @@
+"""Recent step timings of one worker, reported with its heartbeats.
+
+The controller derives its hang timeout from the job's own median step time, and spots
+stragglers by comparing the *compute* part of each rank's step (from the step's start to the
+launch of its last gradient all-reduce), which excludes the time spent waiting for peers.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import deque
+
+
+class StepTimer:
+    """Medians over the last ``window`` committed steps. Written by the training thread only."""
+
+    def __init__(self, window: int = 20) -> None:
+        self._steps: deque[float] = deque(maxlen=window)
+        self._compute: deque[float] = deque(maxlen=window)
+        self._started = 0.0
+        self._last_launch = 0.0
+
+    def start(self) -> None:
+        self._started = self._last_launch = time.perf_counter()
+
+    def collective_launched(self) -> None:
+        self._last_launch = time.perf_counter()
+
+    def commit(self) -> None:
+        now = time.perf_counter()
+        self._steps.append(now - self._started)
+        self._compute.append(self._last_launch - self._started)
+
+    def medians(self) -> dict[str, float]:
+        """``step_seconds`` and ``compute_seconds`` (empty before the first committed step)."""
+        if not self._steps:
+            return {}
+        return {
+            "step_seconds": statistics.median(self._steps),
+            "compute_seconds": statistics.median(self._compute),
+        }

@@ -1,0 +1,98 @@
+"""Failures nastier than a clean SIGKILL, with real processes: a stopped (hung) worker, deaths
+during a recovery, the last replica lost, a straggler, and a soak of 30 mixed failures."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.jobs import assert_bitwise_equal, run_job
+from torchrelay.chaos import random_schedule
+
+pytestmark = pytest.mark.slow
+STEPS = 10
+FAST_HANG = ("--hang-floor", "2")
+
+
+def _assert_clean_recoveries(job, failures: int) -> dict:
+    assert job.returncode == 0, job.output
+    summary = job.summary()
+    assert summary["status"] == "succeeded"
+    assert len(summary["failures"]) == failures
+    assert all(f["recovered"] and f["lost_steps"] == 0 for f in summary["failures"])
+    assert all(f["recomputed_steps"] <= 1 for f in summary["failures"])
+    return summary
+
+
+def test_stopped_worker_is_detected_by_silence_fenced_and_replaced(tmp_path, reference_weights):
+    job = run_job(
+        tmp_path, chaos=("hang:rank=1:step=4:phase=backward",), steps=STEPS, launcher_args=FAST_HANG
+    )
+    summary = _assert_clean_recoveries(job, failures=1)
+    assert_bitwise_equal(job.weights(), reference_weights(STEPS))
+    (failure,) = summary["failures"]
+    assert "heartbeat silent" in failure["detected_by"] and failure["cause"] == "SIGKILL"
+    assert summary["hangs_detected"] == 1
+    # The stall includes the silence before detection; the recovery itself does not.
+    assert failure["stall_seconds"] >= 2.0 > failure["recovery_seconds"]
+
+
+@pytest.mark.parametrize(
+    "second",
+    ["kill:rank=0:step=4:phase=transfer", "kill:rank=1:step=4:phase=transfer"],
+    ids=["source-dies-in-transfer", "spare-dies-while-receiving"],
+)
+def test_death_during_recovery_is_folded_into_one_recovery(tmp_path, reference_weights, second):
+    job = run_job(tmp_path, spares=2, chaos=("kill:rank=1:step=4", second), steps=STEPS)
+    _assert_clean_recoveries(job, failures=2)
+    assert_bitwise_equal(job.weights(), reference_weights(STEPS))
+    events = [e["event"] for e in job.ledger()]
+    assert events.count("recovery_superseded") == 1 and events.count("recovery_done") == 1
+
+
+def test_losing_the_last_replica_stops_with_a_clear_reason(tmp_path):
+    job = run_job(
+        tmp_path,
+        nproc=2,
+        spares=2,
+        steps=STEPS,
+        chaos=("kill:rank=0:step=3", "kill:rank=1:step=3:phase=transfer"),
+    )
+    assert job.returncode == 1
+    end = [e for e in job.ledger() if e["event"] == "job_end"][-1]
+    assert "no live replica survives" in end["reason"]
+
+
+def test_straggler_is_reported_with_its_slowdown(tmp_path, reference_weights):
+    steps = 30  # long enough for a few heartbeats to carry the slow medians
+    job = run_job(tmp_path, chaos=("slow:rank=2:step=2:seconds=0.05",), steps=steps)
+    summary = _assert_clean_recoveries(job, failures=0)
+    assert [s["slot"] for s in summary["stragglers"]] == [2]
+    assert summary["stragglers"][0]["slowdown"] > 1.5
+    assert_bitwise_equal(job.weights(), reference_weights(steps))
+
+
+def test_soak_of_thirty_mixed_failures_stays_bitwise_equal(tmp_path, reference_weights):
+    steps = 100
+    chaos = random_schedule(
+        seed=2026,
+        failures=30,
+        world_size=3,
+        first_step=2,
+        last_step=steps - 2,
+        hangs=3,
+        during_recovery=3,
+    )
+    job = run_job(
+        tmp_path, spares=3, chaos=tuple(chaos), steps=steps, launcher_args=FAST_HANG, timeout=900
+    )
+    assert job.returncode == 0, job.output[-3000:]
+    summary = job.summary()
+    assert summary["chaos_fired"] == 30
+    assert len(summary["failures"]) >= 30
+    assert all(f["recovered"] and f["lost_steps"] == 0 for f in summary["failures"])
+    assert_bitwise_equal(job.weights(), reference_weights(steps))
+    busy = summary["wall_seconds"]
+    print(
+        f"soak: {len(summary['failures'])} failures in {busy:.0f} s "
+        f"({60 * len(summary['failures']) / busy:.1f} per minute)"
+    )
