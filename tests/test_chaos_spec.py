@@ -1,5 +1,7 @@
 """Parsing --chaos specs, with clear errors for bad ones."""
 
+import itertools
+
 import pytest
 
 from torchrelay.chaos import ChaosSpecError, parse_chaos, parse_schedule, random_schedule
@@ -44,7 +46,7 @@ def test_random_schedule_is_reproducible_and_mixed():
     assert sum(e.action == "hang" for e in events) == 4
     assert sum(e.phase == "transfer" for e in events) == 3
     primary = [e.step for e in events if e.phase != "transfer"]
-    assert all(b - a >= 2 for a, b in zip(primary, primary[1:]))
+    assert all(b - a >= 2 for a, b in itertools.pairwise(primary))
 
 
 def test_random_schedule_refuses_impossible_requests():
