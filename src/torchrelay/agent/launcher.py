@@ -67,6 +67,13 @@ class Launch:
         env.setdefault("OMP_NUM_THREADS", "1")
         return env
 
+    def _publish_endpoint(self) -> None:
+        """Let operators' tools (status, chaos) find and authenticate to this job."""
+        token = self.config.run_dir / "token"
+        token.touch(mode=0o600)
+        token.write_text(self.token)
+        (self.config.run_dir / "endpoint").write_text(self.server.address)
+
     def _label(self, process: str) -> str:
         member = self.controller.members.get(process)
         if member is not None and member.slot is not None and process.startswith("spare"):
@@ -89,6 +96,7 @@ class Launch:
         )
         self.server.start()
         self.controller.start_monitor()
+        self._publish_endpoint()
         interrupted = threading.Event()
         previous = signal.getsignal(signal.SIGINT)
         if threading.current_thread() is threading.main_thread():

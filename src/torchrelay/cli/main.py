@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from torchrelay.cli import demo, report, run
+from torchrelay.cli import demo, operator, report, run
 from torchrelay.simulate import cli as simulate
 
 
@@ -17,6 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_parser(subparsers)
     report.add_parser(subparsers)
     demo.add_parser(subparsers)
+    operator.add_parsers(subparsers)
     simulate.add_parser(subparsers)
     return parser
 

@@ -119,6 +119,39 @@ class Controller:
             self._cond.wait_for(lambda: self.outcome is not None, timeout)
             return self.outcome
 
+    def status(self) -> dict[str, Any]:
+        """A snapshot of the job for operators (``torchrelay status``, ``torchrelay chaos``)."""
+        with self._cond:
+
+            def describe(m: Member) -> dict[str, Any]:
+                return {
+                    "process": m.process,
+                    "pid": m.pid,
+                    "node": m.node,
+                    "role": m.role,
+                    "slot": m.slot,
+                    "state": m.state,
+                    "committed": m.committed,
+                    "seconds_since_heartbeat": time.time() - m.last_seen,
+                    **m.timings,
+                }
+
+            return {
+                "generation": self.generation,
+                "world_size": self.config.world_size,
+                "slots": [describe(self.members[p]) for _, p in sorted(self.assignments.items())],
+                "spares": [
+                    describe(m)
+                    for m in self.members.values()
+                    if m.role == "spare" and m.slot is None and m.state in ("starting", "ready")
+                ],
+                "steps_committed": self.highest_committed + 1,
+                "recovering": self._recovery is not None,
+                "hang_timeout": self.hang_timeout(),
+                "stragglers": list(self.stragglers.values()),
+                "outcome": self.outcome,
+            }
+
     def stop(self, reason: str) -> None:
         """End the job as failed with ``reason`` (operator interrupt, launcher shutdown)."""
         with self._cond:

@@ -46,6 +46,9 @@ class ControlServer:
         handlers = {
             "Join": grpc.unary_unary_rpc_method_handler(self._unary(self._join)),
             "Report": grpc.unary_unary_rpc_method_handler(self._unary(self._report)),
+            "Status": grpc.unary_unary_rpc_method_handler(
+                self._unary(lambda _body: self.controller.status())
+            ),
             "Watch": grpc.unary_stream_rpc_method_handler(self._watch),
         }
         self._server.add_generic_rpc_handlers(
@@ -114,6 +117,7 @@ class ControlClient:
         self._join = self._channel.unary_unary(f"/{SERVICE}/Join")
         self._report = self._channel.unary_unary(f"/{SERVICE}/Report")
         self._watch = self._channel.unary_stream(f"/{SERVICE}/Watch")
+        self._status = self._channel.unary_unary(f"/{SERVICE}/Status")
 
     def _call(self, method: Any, body: dict[str, Any], timeout: float) -> dict[str, Any]:
         try:
@@ -134,6 +138,10 @@ class ControlClient:
 
     def report(self, kind: str, timeout: float = 30.0, **body: Any) -> dict[str, Any]:
         return self._call(self._report, {"kind": kind, **body}, timeout)
+
+    def status(self, timeout: float = 10.0) -> dict[str, Any]:
+        """The controller's view of the job (see :meth:`Controller.status`)."""
+        return self._call(self._status, {}, timeout)
 
     def watch(self) -> Iterator[dict[str, Any]]:
         """Messages addressed to this process; raises :class:`ControlError` if the stream breaks."""

@@ -289,7 +289,10 @@ class Relay:
         generation, slot = int(plan["generation"]), int(plan["slot"])
         target = int(plan["target_step"])
         sources, receivers = list(plan["sources"]), list(plan["receivers"])
-        self._chaos = [ChaosEvent.from_dict(e) for e in plan["chaos"]]
+        # A survivor's degraded hardware stays degraded: it keeps its own slow events.
+        kept = [e for e in self._chaos if e.action == "slow"]
+        handed = [ChaosEvent.from_dict(e) for e in plan["chaos"]]
+        self._chaos = kept + [e for e in handed if e not in kept]
         self._bind(generation, slot)
         self._report("phase", phase="comm_ready", t=time.time())
         self._maybe_fire("transfer", step=target + 1)

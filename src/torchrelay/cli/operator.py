@@ -1,0 +1,116 @@
+"""``torchrelay status`` and ``torchrelay chaos``: look at and drill a running job.
+
+Both find the job through its run directory (``endpoint`` and the owner-only ``token`` file
+the launcher writes) and talk to its controller over the authenticated control RPC.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from torchrelay.control.service import ControlClient, ControlError
+
+
+def connect(run_dir: Path) -> ControlClient:
+    try:
+        address = (run_dir / "endpoint").read_text().strip()
+        token = (run_dir / "token").read_text().strip()
+    except FileNotFoundError:
+        raise SystemExit(
+            f"torchrelay: no running job in {run_dir} (no endpoint/token files); "
+            "is the launcher running with this --run-dir?"
+        ) from None
+    return ControlClient(address, token, process="operator")
+
+
+def job_status(run_dir: Path) -> dict[str, Any]:
+    client = connect(run_dir)
+    try:
+        return client.status(timeout=5.0)
+    except ControlError as exc:
+        raise SystemExit(
+            f"torchrelay: cannot reach the job's controller ({exc}); "
+            "the job has probably ended: see `torchrelay report`"
+        ) from None
+    finally:
+        client.close()
+
+
+def add_parsers(subparsers: argparse._SubParsersAction) -> None:
+    status = subparsers.add_parser("status", help="show a running job's slots, spares, steps")
+    status.add_argument("run_dir", type=Path)
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(func=run_status)
+
+    chaos = subparsers.add_parser(
+        "chaos",
+        help="inject a fault into a running job (operators' drill)",
+        description="Inject a real fault into a running job, to prove a setup before a long "
+        "run. The job must recover from each with no committed step lost.",
+    )
+    chaos.add_argument("--run-dir", type=Path, required=True, help="the job's --run-dir")
+    faults = chaos.add_subparsers(dest="fault", required=True)
+    kill = faults.add_parser("kill", help="SIGKILL the worker of a slot (a crashed process)")
+    kill.add_argument("--rank", type=int, required=True)
+    hang = faults.add_parser(
+        "hang",
+        help="SIGSTOP the worker of a slot (a hung process); the "
+        "job must detect the silence, fence it and replace it",
+    )
+    hang.add_argument("--rank", type=int, required=True)
+    faults.add_parser("kill-spare", help="SIGKILL one idle spare (the pool must refill)")
+    chaos.set_defaults(func=run_chaos)
+
+
+def run_status(args: argparse.Namespace) -> int:
+    status = job_status(args.run_dir)
+    if args.json:
+        print(json.dumps(status, indent=2))
+        return 0
+    table = Table(
+        title=f"generation {status['generation']}: {status['steps_committed']} steps "
+        f"committed, hang timeout {status['hang_timeout']:.1f} s"
+    )
+    for column in ("slot", "process", "pid", "state", "committed", "step s", "heartbeat age s"):
+        table.add_column(column)
+    for m in status["slots"] + status["spares"]:
+        table.add_row(
+            "spare" if m["slot"] is None else str(m["slot"]),
+            m["process"],
+            str(m["pid"]),
+            m["state"],
+            str(m["committed"]),
+            f"{m.get('step_seconds', float('nan')):.3f}",
+            f"{m['seconds_since_heartbeat']:.1f}",
+        )
+    Console().print(table)
+    for s in status["stragglers"]:
+        print(f"straggler: slot {s['slot']} computes {s['slowdown']:.1f}x slower than its peers")
+    return 0
+
+
+def run_chaos(args: argparse.Namespace) -> int:
+    status = job_status(args.run_dir)
+    if args.fault == "kill-spare":
+        if not status["spares"]:
+            raise SystemExit("torchrelay chaos: the job has no idle spare right now")
+        target, sig = status["spares"][0], signal.SIGKILL
+    else:
+        slots = {m["slot"]: m for m in status["slots"]}
+        if args.rank not in slots:
+            raise SystemExit(
+                f"torchrelay chaos: no rank {args.rank} (world size {status['world_size']})"
+            )
+        target = slots[args.rank]
+        sig = signal.SIGKILL if args.fault == "kill" else signal.SIGSTOP
+    os.kill(target["pid"], sig)
+    print(f"sent {sig.name} to {target['process']} (pid {target['pid']}, slot {target['slot']})")
+    return 0

@@ -1,0 +1,99 @@
+"""`torchrelay status` and `torchrelay chaos` against a running job: faults injected from
+outside (a real SIGKILL and a real SIGSTOP) are cured, and the weights stay bitwise equal."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+import pytest
+
+from tests.jobs import SCRIPTS, JobResult, assert_bitwise_equal
+from torchrelay.cli.operator import job_status
+
+pytestmark = pytest.mark.slow
+STEPS = 400
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "torchrelay.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def _await_status(run_dir, predicate: Callable[[dict], bool], timeout: float = 120) -> dict:
+    """Poll the job's controller (another process) until ``predicate`` holds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (run_dir / "endpoint").exists():
+            status = job_status(run_dir)
+            if predicate(status):
+                return status
+        time.sleep(0.2)
+    raise AssertionError("the job never reached the expected state")
+
+
+def test_operator_kill_and_hang_are_cured(tmp_path, reference_weights):
+    run_dir = tmp_path / "run"
+    launcher = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torchrelay.cli.main",
+            "run",
+            "--nproc-per-node",
+            "3",
+            "--spares",
+            "1",
+            "--run-dir",
+            str(run_dir),
+            "--quiet",
+            "--hang-floor",
+            "2",
+            # pace the job (rank 0 computes 50 ms longer per step) so the operator can act
+            "--chaos",
+            "slow:rank=0:step=0:seconds=0.05",
+            str(SCRIPTS / "mlp_train.py"),
+            "--steps",
+            str(STEPS),
+            "--out",
+            str(run_dir / "final.pt"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        ready = lambda s: s["steps_committed"] >= 20 and len(s["spares"]) == 1  # noqa: E731
+        _await_status(run_dir, ready)
+        shown = _cli("status", str(run_dir))
+        assert shown.returncode == 0 and "worker1" in shown.stdout
+
+        killed = _cli("chaos", "--run-dir", str(run_dir), "kill", "--rank", "1")
+        assert "sent SIGKILL to worker1" in killed.stdout
+        _await_status(
+            run_dir,
+            lambda s: s["generation"] >= 1 and not s["recovering"] and len(s["spares"]) == 1,
+        )
+        hung = _cli("chaos", "--run-dir", str(run_dir), "hang", "--rank", "2")
+        assert "sent SIGSTOP to worker2" in hung.stdout
+        output, _ = launcher.communicate(timeout=300)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 0, output
+    job = JobResult(launcher.returncode, output, run_dir)
+    summary = job.summary()
+    assert [f["cause"] for f in summary["failures"]] == ["SIGKILL", "SIGKILL"]
+    assert "heartbeat silent" in summary["failures"][1]["detected_by"]
+    assert all(f["recovered"] and f["lost_steps"] == 0 for f in summary["failures"])
+    assert_bitwise_equal(job.weights(), reference_weights(STEPS))
+
+
+def test_chaos_without_a_running_job_says_so(tmp_path):
+    done = _cli("chaos", "--run-dir", str(tmp_path), "kill", "--rank", "0")
+    assert done.returncode != 0 and "no running job" in done.stderr
