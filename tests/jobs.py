@@ -38,6 +38,16 @@ class JobResult:
         return [json.loads(line) for line in lines]
 
 
+def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run ``torchrelay ARGS`` in a subprocess, capturing text output."""
+    return subprocess.run(
+        [sys.executable, "-m", "torchrelay.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def run_job(
     run_dir: Path,
     *,

@@ -8,18 +8,10 @@ import sys
 
 import pytest
 
+from tests.jobs import cli
 from torchrelay.cli.main import build_parser
 from torchrelay.cli.run import config_from_args
 from torchrelay.ledger import Ledger
-
-
-def torchrelay(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "torchrelay.cli.main", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 def test_torchrun_spellings_are_accepted(tmp_path):
@@ -61,7 +53,7 @@ def test_torchrun_spellings_are_accepted(tmp_path):
     ],
 )
 def test_bad_input_gets_a_clear_error(argv, message):
-    done = torchrelay(*argv)
+    done = cli(*argv)
     assert done.returncode != 0
     assert message in done.stderr
 
@@ -114,7 +106,7 @@ def test_report_json_has_the_documented_fields(tmp_path):
     )
     ledger.record("job_end", t=120.0, status="succeeded", steps_committed=10)
     ledger.close()
-    done = torchrelay("report", str(tmp_path), "--json")
+    done = cli("report", str(tmp_path), "--json")
     summary = json.loads(done.stdout)
     assert summary["steps_committed"] == 10 and summary["zero_loss_recoveries"] == 1
     (failure,) = summary["failures"]
@@ -122,4 +114,4 @@ def test_report_json_has_the_documented_fields(tmp_path):
     assert failure["lost_steps"] == 0 and failure["recomputed_steps"] == 1
     assert failure["bytes_transferred"] == 1000
     assert sum(failure["phases"].values()) == pytest.approx(0.5)
-    assert "recovered in 0.50 s" in torchrelay("report", str(tmp_path)).stdout
+    assert "recovered in 0.50 s" in cli("report", str(tmp_path)).stdout

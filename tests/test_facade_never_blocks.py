@@ -19,12 +19,17 @@ def test_local_mode_answers_collectives_without_peers():
     assert t.item() == 3.0 and all(o.item() == 3.0 for o in outs[0])
 
 
+def _bound(pg, rank):
+    guard = StepGuard()
+    facade = StableProcessGroup(2, guard)
+    facade.bind(pg, rank)
+    guard.enter_generation(0)
+    return facade, guard
+
+
 def test_collectives_run_on_the_bound_group(ranks):
     def body(rank, pg):
-        guard = StepGuard()
-        facade = StableProcessGroup(2, guard)
-        facade.bind(pg, rank)
-        guard.enter_generation(0)
+        facade, guard = _bound(pg, rank)
         t = torch.tensor([float(rank + 1)])
         facade.allreduce([t]).wait()
         return t.item(), guard.poisoned
@@ -38,10 +43,7 @@ def test_abort_releases_a_collective_whose_peer_never_comes(ranks):
     entered, release = threading.Event(), threading.Event()
 
     def body(rank, pg):
-        guard = StepGuard()
-        facade = StableProcessGroup(2, guard)
-        facade.bind(pg, rank)
-        guard.enter_generation(0)
+        facade, guard = _bound(pg, rank)
         if rank == 1:
             entered.wait(10)
             release.wait(10)
@@ -94,10 +96,7 @@ def test_poisoned_step_skips_the_optimizer():
 
 def test_failed_peer_poisons_instead_of_raising(ranks):
     def body(rank, pg):
-        guard = StepGuard()
-        facade = StableProcessGroup(2, guard)
-        facade.bind(pg, rank)
-        guard.enter_generation(0)
+        facade, guard = _bound(pg, rank)
         if rank == 1:
             pg.allreduce([torch.ones(1)]).wait()
             return None

@@ -10,20 +10,11 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.jobs import SCRIPTS, JobResult, assert_bitwise_equal
+from tests.jobs import SCRIPTS, JobResult, assert_bitwise_equal, cli
 from torchrelay.cli.operator import job_status
 
 pytestmark = pytest.mark.slow
 STEPS = 400
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "torchrelay.cli.main", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 def _await_status(run_dir, predicate: Callable[[dict], bool], timeout: float = 120) -> dict:
@@ -71,16 +62,16 @@ def test_operator_kill_and_hang_are_cured(tmp_path, reference_weights):
     try:
         ready = lambda s: s["steps_committed"] >= 20 and len(s["spares"]) == 1  # noqa: E731
         _await_status(run_dir, ready)
-        shown = _cli("status", str(run_dir))
+        shown = cli("status", str(run_dir))
         assert shown.returncode == 0 and "worker1" in shown.stdout
 
-        killed = _cli("chaos", "--run-dir", str(run_dir), "kill", "--rank", "1")
+        killed = cli("chaos", "--run-dir", str(run_dir), "kill", "--rank", "1")
         assert "sent SIGKILL to worker1" in killed.stdout
         _await_status(
             run_dir,
             lambda s: s["generation"] >= 1 and not s["recovering"] and len(s["spares"]) == 1,
         )
-        hung = _cli("chaos", "--run-dir", str(run_dir), "hang", "--rank", "2")
+        hung = cli("chaos", "--run-dir", str(run_dir), "hang", "--rank", "2")
         assert "sent SIGSTOP to worker2" in hung.stdout
         output, _ = launcher.communicate(timeout=300)
     finally:
@@ -95,5 +86,5 @@ def test_operator_kill_and_hang_are_cured(tmp_path, reference_weights):
 
 
 def test_chaos_without_a_running_job_says_so(tmp_path):
-    done = _cli("chaos", "--run-dir", str(tmp_path), "kill", "--rank", "0")
+    done = cli("chaos", "--run-dir", str(tmp_path), "kill", "--rank", "0")
     assert done.returncode != 0 and "no running job" in done.stderr

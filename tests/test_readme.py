@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.jobs import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,25 +35,18 @@ def test_script_written_from_the_readme_survives_a_kill(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(_api_snippet())
     run_dir = tmp_path / "run"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torchrelay.cli.main",
-            "run",
-            "--nproc-per-node",
-            "2",
-            "--spares",
-            "1",
-            "--run-dir",
-            str(run_dir),
-            "--quiet",
-            "--chaos",
-            "kill:rank=1:step=40:phase=backward",
-            str(script),
-        ],
-        capture_output=True,
-        text=True,
+    done = cli(
+        "run",
+        "--nproc-per-node",
+        "2",
+        "--spares",
+        "1",
+        "--run-dir",
+        str(run_dir),
+        "--quiet",
+        "--chaos",
+        "kill:rank=1:step=40:phase=backward",
+        str(script),
         timeout=300,
     )
     assert done.returncode == 0, done.stdout + done.stderr

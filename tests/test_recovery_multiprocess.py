@@ -7,18 +7,10 @@ from __future__ import annotations
 import pytest
 
 from tests.jobs import assert_bitwise_equal, run_job
+from torchrelay.report.summary import PHASES
 
 pytestmark = pytest.mark.slow
 STEPS = 10
-PHASES = (
-    "detected",
-    "spare_ready",
-    "halted",
-    "planned",
-    "comm_ready",
-    "transfer_done",
-    "first_step",
-)
 
 
 @pytest.mark.parametrize(
