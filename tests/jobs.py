@@ -5,11 +5,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from torchrelay.cli.operator import job_status
 
 SCRIPTS = Path(__file__).parent / "scripts"
 
@@ -89,3 +93,15 @@ def assert_bitwise_equal(ours: dict[str, torch.Tensor], ref: dict[str, torch.Ten
     assert ours.keys() == ref.keys()
     different = [k for k in ref if not torch.equal(ours[k], ref[k])]
     assert not different, f"tensors differ from the failure-free run: {different}"
+
+
+def await_status(run_dir, predicate: Callable[[dict], bool], timeout: float = 120) -> dict:
+    """Poll the job's controller (another process) until ``predicate`` holds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (run_dir / "endpoint").exists():
+            status = job_status(run_dir)
+            if predicate(status):
+                return status
+        time.sleep(0.2)
+    raise AssertionError("the job never reached the expected state")

@@ -5,28 +5,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 
 import pytest
 
-from tests.jobs import SCRIPTS, JobResult, assert_bitwise_equal, cli
-from torchrelay.cli.operator import job_status
+from tests.jobs import SCRIPTS, JobResult, assert_bitwise_equal, await_status, cli
 
 pytestmark = pytest.mark.slow
 STEPS = 400
-
-
-def _await_status(run_dir, predicate: Callable[[dict], bool], timeout: float = 120) -> dict:
-    """Poll the job's controller (another process) until ``predicate`` holds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if (run_dir / "endpoint").exists():
-            status = job_status(run_dir)
-            if predicate(status):
-                return status
-        time.sleep(0.2)
-    raise AssertionError("the job never reached the expected state")
 
 
 def test_operator_kill_and_hang_are_cured(tmp_path, reference_weights):
@@ -61,13 +46,13 @@ def test_operator_kill_and_hang_are_cured(tmp_path, reference_weights):
     )
     try:
         ready = lambda s: s["steps_committed"] >= 20 and len(s["spares"]) == 1  # noqa: E731
-        _await_status(run_dir, ready)
+        await_status(run_dir, ready)
         shown = cli("status", str(run_dir))
         assert shown.returncode == 0 and "worker1" in shown.stdout
 
         killed = cli("chaos", "--run-dir", str(run_dir), "kill", "--rank", "1")
         assert "sent SIGKILL to worker1" in killed.stdout
-        _await_status(
+        await_status(
             run_dir,
             lambda s: s["generation"] >= 1 and not s["recovering"] and len(s["spares"]) == 1,
         )

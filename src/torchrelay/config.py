@@ -39,7 +39,6 @@ class JobConfig:
     chaos: list[ChaosEvent] = field(default_factory=list)
     master_addr: str = "127.0.0.1"
     master_port: int = 0
-    control_port: int = 0
     stream_output: bool = True
 
     @property

@@ -59,7 +59,8 @@ class NodeAgent:
         with self._lock:
             if self._stopping:
                 return
-            name = f"spare{self._spare_count}"
+            prefix = "" if self.config.node_rank == 0 else f"{self.node}-"
+            name = f"{prefix}spare{self._spare_count}"
             self._spare_count += 1
         self._start(name, "spare", {})
 

@@ -29,7 +29,7 @@ class Launch:
         self.config = config
         config.run_dir.mkdir(parents=True, exist_ok=True)
         self.ledger = Ledger(config.run_dir / "ledger.jsonl")
-        self.token = new_token()
+        self.token = job_token(config)
         # The store is the rendezvous for every generation's process group (keys are prefixed
         # by generation), hosted here so it lives exactly as long as the job.
         self.store = dist.TCPStore(
@@ -44,7 +44,7 @@ class Launch:
         )
         self.controller = Controller(config, self.ledger, self.agent)
         self.server = ControlServer(
-            self.controller, self.token, host=config.master_addr, port=config.control_port
+            self.controller, self.token, host=config.master_addr, port=control_port(config)
         )
         self.agent.environment = self._environment()
 
@@ -120,6 +120,28 @@ class Launch:
                 signal.signal(signal.SIGINT, previous)
             self.server.stop()
             self.ledger.close()
+
+
+TOKEN_ENV = "TORCHRELAY_JOB_TOKEN"
+
+
+def control_port(config: JobConfig) -> int:
+    """Single node: any free port. Several nodes: the store's port + 1, so every node knows it."""
+    return 0 if config.nnodes == 1 else config.master_port + 1
+
+
+def job_token(config: JobConfig) -> str:
+    """A fresh token for a one-node job; several nodes must share one through the environment."""
+    if config.nnodes == 1:
+        return new_token()
+    token = os.environ.get(TOKEN_ENV, "")
+    if len(token) < 16:
+        raise SystemExit(
+            f"torchrelay run: a job of several nodes needs a shared secret in ${TOKEN_ENV} "
+            "(at least 16 characters, the same on every node), e.g. from your scheduler's job "
+            "secret or `python -c 'import secrets; print(secrets.token_hex(32))'`"
+        )
+    return token
 
 
 def launch(config: JobConfig) -> dict[str, Any]:

@@ -6,7 +6,8 @@ import argparse
 import time
 from pathlib import Path
 
-from torchrelay.agent.launcher import launch
+from torchrelay.agent.launcher import control_port, job_token, launch
+from torchrelay.agent.remote import RemoteNode
 from torchrelay.chaos import ChaosSpecError, parse_schedule
 from torchrelay.config import JobConfig
 from torchrelay.report.summary import render_text, summarize
@@ -19,7 +20,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description="Launch SCRIPT on this node with hot spares; a failed worker is rebuilt "
         "on a spare from its live data-parallel replicas and training resumes at the next step.",
     )
-    p.add_argument("--nnodes", type=int, default=1, help="number of nodes (only 1 for now)")
+    p.add_argument(
+        "--nnodes", type=int, default=1, help="number of nodes; node 0 hosts the controller"
+    )
     p.add_argument(
         "--nproc-per-node",
         "--nproc_per_node",
@@ -85,8 +88,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> JobConfig:
-    if args.nnodes != 1:
-        raise SystemExit("torchrelay run: --nnodes > 1 is not supported yet (one node only)")
+    if not 0 <= args.node_rank < args.nnodes:
+        raise SystemExit("torchrelay run: --node-rank must be in [0, --nnodes)")
     if args.nproc_per_node < 1 or args.spares < 0:
         raise SystemExit("torchrelay run: --nproc-per-node must be >= 1 and --spares >= 0")
     host, _, port = args.rdzv_endpoint.rpartition(":")
@@ -97,6 +100,11 @@ def config_from_args(args: argparse.Namespace) -> JobConfig:
     script_args = list(args.script_args)
     if script_args[:1] == ["--"]:
         script_args = script_args[1:]
+    if args.nnodes > 1 and int(port) == 0:
+        raise SystemExit(
+            "torchrelay run: several nodes need a fixed --rdzv-endpoint HOST:PORT "
+            "(the store's port; the controller listens on PORT+1)"
+        )
     world_size = args.nnodes * args.nproc_per_node
     try:
         chaos = parse_schedule(args.chaos, world_size)
@@ -126,6 +134,9 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     if not Path(config.script).is_file():
         raise SystemExit(f"torchrelay run: script {config.script!r} not found")
+    if config.node_rank > 0:
+        control = f"{config.master_addr}:{control_port(config)}"
+        return RemoteNode(config, control, job_token(config)).run()
     outcome = launch(config)
     print(render_text(summarize(config.run_dir)), flush=True)
     if outcome["status"] != "succeeded":

@@ -66,6 +66,15 @@ class Member:
 
 
 @dataclass
+class Node:
+    """A remote node agent, reached through the commands it watches."""
+
+    name: str
+    outbox: queue.Queue[dict[str, Any]] = field(default_factory=queue.Queue)
+    alive: bool = True
+
+
+@dataclass
 class Recovery:
     """Timeline of one recovery, filled as the phases complete."""
 
@@ -82,10 +91,14 @@ class Recovery:
 class Controller:
     """Membership, generations and recovery for one job (see DESIGN.md, invariants 1-6)."""
 
-    def __init__(self, config: JobConfig, ledger: Ledger, agent: AgentHandle) -> None:
+    def __init__(
+        self, config: JobConfig, ledger: Ledger, agent: AgentHandle, local_node: str = "node0"
+    ) -> None:
         self.config = config
         self.ledger = ledger
         self.agent = agent
+        self.local_node = local_node
+        self.nodes: dict[str, Node] = {}
         self.generation = 0
         self.assignments: dict[int, str] = {}
         self.members: dict[str, Member] = {}
@@ -337,36 +350,38 @@ class Controller:
     def on_exit(self, process: str, returncode: int) -> None:
         """The agent saw ``process`` exit with ``returncode`` (negative: killed by a signal)."""
         with self._cond:
-            member = self.members.get(process)
-            if member is None:
-                self.ledger.record(
-                    "process_exit",
-                    process=process,
-                    returncode=returncode,
-                    note="exited before joining",
-                )
-                if returncode != 0 and not self.finished:
-                    self._on_early_exit(process, returncode)
-                return
-            was = member.state
-            member.state = "dead" if was != "fenced" else "fenced"
-            cause = _describe_exit(returncode)
+            self._on_exit_locked(process, returncode, _describe_exit(returncode))
+
+    def _on_exit_locked(self, process: str, returncode: int, cause: str) -> None:
+        member = self.members.get(process)
+        if member is None:
             self.ledger.record(
                 "process_exit",
                 process=process,
-                slot=member.slot,
                 returncode=returncode,
-                cause=cause,
-                state=was,
+                note="exited before joining",
             )
-            if self.finished or (was == "done" and returncode == 0):
-                self._cond.notify_all()
-                return
-            if member.slot is None or self.assignments.get(member.slot) != process:
-                self._on_spare_lost(member, cause)
-                return
-            self._on_worker_lost(member, returncode, cause)
+            if returncode != 0 and not self.finished:
+                self._on_early_exit(process, returncode)
+            return
+        was = member.state
+        member.state = "dead" if was != "fenced" else "fenced"
+        self.ledger.record(
+            "process_exit",
+            process=process,
+            slot=member.slot,
+            returncode=returncode,
+            cause=cause,
+            state=was,
+        )
+        if self.finished or (was == "done" and returncode == 0):
             self._cond.notify_all()
+            return
+        if member.slot is None or self.assignments.get(member.slot) != process:
+            self._on_spare_lost(member, cause)
+            return
+        self._on_worker_lost(member, returncode, cause)
+        self._cond.notify_all()
 
     def _on_early_exit(self, process: str, returncode: int) -> None:
         """A process died before it could even join: a broken script or environment."""
@@ -392,7 +407,7 @@ class Controller:
                 traceback=member.error["traceback"],
             )
             return
-        self.agent.start_spare()
+        self._start_spare()
 
     def _on_worker_lost(self, member: Member, returncode: int, cause: str) -> None:
         assert member.slot is not None
@@ -431,6 +446,90 @@ class Controller:
                 target=self._recover_loop, name="torchrelay-recovery", daemon=True
             )
             self._recovery_thread.start()
+
+    # ---------------------------------------------------------------- nodes
+    def join_node(self, node: str) -> dict[str, Any]:
+        """A remote node agent registers; it will watch :meth:`watch_node` for commands."""
+        with self._cond:
+            if node == self.local_node or (node in self.nodes and self.nodes[node].alive):
+                raise ProtocolError(f"node {node!r} is already part of the job")
+            self.nodes[node] = Node(node)
+            self.ledger.record("node_join", node=node)
+            return {"world_size": self.config.world_size}
+
+    def watch_node(self, node: str, active: Callable[[], bool]) -> Iterator[dict[str, Any]]:
+        """Commands for a node agent (start_spare, fence, finish).
+
+        When the stream ends without a ``finish`` -- the agent died or its node dropped off the
+        network -- every process of that node is declared lost in one go.
+        """
+        with self._cond:
+            if node not in self.nodes:
+                raise ProtocolError(f"node {node!r} never joined")
+            entry = self.nodes[node]
+        finished = False
+        try:
+            while active():
+                try:
+                    command = entry.outbox.get(timeout=0.5)
+                except queue.Empty:
+                    continue
+                yield command
+                if command["type"] == "finish":
+                    finished = True
+                    return
+        finally:
+            if not finished:
+                self._node_lost(entry)
+
+    def node_exit(self, node: str, process: str, returncode: int) -> None:
+        """A remote agent saw one of its processes exit."""
+        with self._cond:
+            if node not in self.nodes:
+                raise ProtocolError(f"node {node!r} never joined")
+        self.on_exit(process, returncode)
+
+    def _node_lost(self, entry: Node) -> None:
+        with self._cond:
+            if not entry.alive or self.finished:
+                return
+            entry.alive = False
+            lost = [
+                m
+                for m in self.members.values()
+                if m.node == entry.name and m.state not in ("dead", "fenced")
+            ]
+            self.ledger.record("node_lost", node=entry.name, processes=[m.process for m in lost])
+            for member in lost:
+                member.detected_by = f"node {entry.name} lost (its agent's connection closed)"
+                self._on_exit_locked(member.process, -signal.SIGKILL, cause="node lost")
+                # Nobody can kill them there: refuse anything they may still send.
+                member.state = "fenced"
+
+    def _fence(self, process: str) -> None:
+        member = self.members.get(process)
+        node = member.node if member is not None else self.local_node
+        if node == self.local_node:
+            self.agent.fence(process)
+        elif self.nodes[node].alive:
+            self.nodes[node].outbox.put({"type": "fence", "process": process})
+
+    def _start_spare(self) -> None:
+        """Start a spare on the live node that runs the fewest processes (local on ties)."""
+        live = [self.local_node] + [n for n, e in self.nodes.items() if e.alive]
+
+        def load(node: str) -> int:
+            return sum(
+                1
+                for m in self.members.values()
+                if m.node == node and m.state not in ("dead", "fenced")
+            )
+
+        node = min(live, key=lambda n: (load(n), n != self.local_node))
+        if node == self.local_node:
+            self.agent.start_spare()
+        else:
+            self.nodes[node].outbox.put({"type": "start_spare"})
 
     # ---------------------------------------------------------------- monitor
     def start_monitor(self, interval: float = 0.25) -> None:
@@ -471,7 +570,7 @@ class Controller:
                 silent_seconds=silent,
                 timeout=timeout,
             )
-            self.agent.fence(member.process)
+            self._fence(member.process)
 
     def _check_stragglers(self) -> None:
         compute = {
@@ -533,7 +632,7 @@ class Controller:
             for member in survivors:
                 member.outbox.put({"type": "abort", "generation": old_generation})
             for failure in failures.values():
-                self.agent.fence(failure["process"])
+                self._fence(failure["process"])
             self.ledger.record(
                 "recovery_start",
                 generation=old_generation,
@@ -631,7 +730,7 @@ class Controller:
             lost_steps=plan.lost_steps,
         )
         for _ in plan.replaced:
-            self.agent.start_spare()
+            self._start_spare()
 
     def _phase_done(self, recovery: Recovery, member: Member, phase: str, body: dict) -> None:
         recovery.phases.setdefault(phase, {})[member.slot] = {  # type: ignore[index]
@@ -703,6 +802,8 @@ class Controller:
         self.ledger.record("job_end", **self.outcome)
         for member in self.members.values():
             member.outbox.put({"type": "finish"})
+        for node in self.nodes.values():
+            node.outbox.put({"type": "finish"})
         self._cond.notify_all()
 
     def _fail(self, reason: str, traceback: str | None = None) -> None:

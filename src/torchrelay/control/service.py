@@ -50,6 +50,11 @@ class ControlServer:
                 self._unary(lambda _body: self.controller.status())
             ),
             "Watch": grpc.unary_stream_rpc_method_handler(self._watch),
+            "NodeJoin": grpc.unary_unary_rpc_method_handler(
+                self._unary(lambda body: self.controller.join_node(str(body["node"])))
+            ),
+            "NodeExit": grpc.unary_unary_rpc_method_handler(self._unary(self._node_exit)),
+            "NodeWatch": grpc.unary_stream_rpc_method_handler(self._node_watch),
         }
         self._server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(SERVICE, handlers),)
@@ -98,6 +103,18 @@ class ControlServer:
     def _report(self, body: dict[str, Any]) -> dict[str, Any]:
         return self.controller.report(str(body["process"]), str(body["kind"]), body)
 
+    def _node_exit(self, body: dict[str, Any]) -> dict[str, Any]:
+        self.controller.node_exit(str(body["node"]), str(body["exited"]), int(body["returncode"]))
+        return {}
+
+    def _node_watch(self, request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
+        body = self._open(request, context)
+        try:
+            for command in self.controller.watch_node(str(body["node"]), context.is_active):
+                yield seal(command, self._token)
+        except ProtocolError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad request: {exc}")
+
     def _watch(self, request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
         body = self._open(request, context)
         try:
@@ -118,6 +135,9 @@ class ControlClient:
         self._report = self._channel.unary_unary(f"/{SERVICE}/Report")
         self._watch = self._channel.unary_stream(f"/{SERVICE}/Watch")
         self._status = self._channel.unary_unary(f"/{SERVICE}/Status")
+        self._node_join = self._channel.unary_unary(f"/{SERVICE}/NodeJoin")
+        self._node_exit = self._channel.unary_unary(f"/{SERVICE}/NodeExit")
+        self._node_watch = self._channel.unary_stream(f"/{SERVICE}/NodeWatch")
 
     def _call(self, method: Any, body: dict[str, Any], timeout: float) -> dict[str, Any]:
         try:
@@ -145,7 +165,22 @@ class ControlClient:
 
     def watch(self) -> Iterator[dict[str, Any]]:
         """Messages addressed to this process; raises :class:`ControlError` if the stream breaks."""
-        stream = self._watch(seal({"process": self.process}, self._token), wait_for_ready=True)
+        return self._stream(self._watch, {"process": self.process})
+
+    def node_join(self, node: str, timeout: float = 60.0) -> dict[str, Any]:
+        return self._call(self._node_join, {"node": node}, timeout)
+
+    def node_exit(self, node: str, process: str, returncode: int) -> None:
+        self._call(
+            self._node_exit, {"node": node, "exited": process, "returncode": returncode}, 30.0
+        )
+
+    def node_watch(self, node: str) -> Iterator[dict[str, Any]]:
+        """Commands for a node agent; raises :class:`ControlError` if the stream breaks."""
+        return self._stream(self._node_watch, {"process": self.process, "node": node})
+
+    def _stream(self, method: Any, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        stream = method(seal(body, self._token), wait_for_ready=True)
         try:
             for response in stream:
                 yield unseal(response, self._token)
