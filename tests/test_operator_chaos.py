@@ -58,6 +58,16 @@ def test_operator_kill_and_hang_are_cured(tmp_path, reference_weights):
         )
         hung = cli("chaos", "--run-dir", str(run_dir), "hang", "--rank", "2")
         assert "sent SIGSTOP to worker2" in hung.stdout
+        await_status(
+            run_dir,
+            lambda s: s["generation"] >= 2 and not s["recovering"] and len(s["spares"]) == 1,
+        )
+        spare = cli("chaos", "--run-dir", str(run_dir), "kill-spare")
+        assert "sent SIGKILL to spare" in spare.stdout
+        await_status(
+            run_dir,
+            lambda s: len(s["spares"]) == 1 and s["spares"][0]["process"] not in spare.stdout,
+        )
         output, _ = launcher.communicate(timeout=300)
     finally:
         launcher.kill()
@@ -67,6 +77,7 @@ def test_operator_kill_and_hang_are_cured(tmp_path, reference_weights):
     assert [f["cause"] for f in summary["failures"]] == ["SIGKILL", "SIGKILL"]
     assert "heartbeat silent" in summary["failures"][1]["detected_by"]
     assert all(f["recovered"] and f["lost_steps"] == 0 for f in summary["failures"])
+    assert any(e["event"] == "spare_lost" for e in job.ledger())  # and the pool refilled
     assert_bitwise_equal(job.weights(), reference_weights(STEPS))
 
 
