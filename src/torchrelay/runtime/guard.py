@@ -72,19 +72,21 @@ class StepGuard:
         for settle in pending:
             settle(False)
 
-    def wait_works(self, works: list[Any]) -> None:
+    def wait_works(self, works: list[Any], after_each: Callable[[int], None]) -> None:
         """Wait for point-to-point works (which have no futures in gloo) unless aborted first.
 
-        A daemon thread waits on them; if the generation is aborted, the caller is released
-        with :class:`GenerationAborted` and the thread is left to the group's timeout.
+        A daemon thread waits on them in order and calls ``after_each(i)`` as each completes;
+        if the generation is aborted, the caller is released with :class:`GenerationAborted`
+        and the thread is left to the group's timeout.
         """
         done = threading.Event()
         errors: list[BaseException] = []
 
         def wait_all() -> None:
             try:
-                for work in works:
+                for index, work in enumerate(works):
                     work.wait()
+                    after_each(index)
             except RuntimeError as exc:
                 errors.append(exc)
             done.set()

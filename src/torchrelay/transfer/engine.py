@@ -23,13 +23,22 @@ from torchrelay.control.wire import seal, unseal
 from torchrelay.transfer.flatten import TensorSpec, as_bytes, flatten, unflatten
 from torchrelay.transfer.stripes import DEFAULT_CHUNK_BYTES, Chunk, assign_stripes, split_chunks
 
-WaitAll = Callable[[list[dist.Work]], None]
+AfterEach = Callable[[int], None]
+WaitAll = Callable[[list[dist.Work], AfterEach], None]
 
 
-def wait_plain(works: list[dist.Work]) -> None:
-    """Wait for every work in order (callers that need aborts pass their own waiter)."""
-    for work in works:
+def wait_plain(works: list[dist.Work], after_each: AfterEach) -> None:
+    """Wait for the works in order, calling ``after_each(i)`` as each one completes.
+
+    Callers that need aborts pass their own waiter with the same contract.
+    """
+    for index, work in enumerate(works):
         work.wait()
+        after_each(index)
+
+
+def _nothing(_index: int) -> None:
+    pass
 
 
 class TransferError(RuntimeError):
@@ -76,13 +85,15 @@ def send_state(
     chunks = split_chunks([v.numel() for v in views], chunk_bytes)
     mine = assign_stripes(chunks, sources)[rank]
     pieces = [views[c.tensor][c.start : c.stop] for c in mine]
+    works = [
+        pg.send([piece], receiver, chunk.index)
+        for receiver in receivers
+        for chunk, piece in zip(mine, pieces, strict=True)
+    ]
+    # Checksums are computed while gloo's threads move the bytes, and sent last.
     checksums = torch.tensor([_crc(p) for p in pieces], dtype=torch.int64)
-    works = []
-    for receiver in receivers:
-        for chunk, piece in zip(mine, pieces, strict=True):
-            works.append(pg.send([piece], receiver, chunk.index))
-        works.append(pg.send([checksums], receiver, len(chunks) + rank))
-    wait(works)
+    works += [pg.send([checksums], receiver, len(chunks) + rank) for receiver in receivers]
+    wait(works, _nothing)
     sent = sum(p.numel() for p in pieces) * len(receivers)
     return TransferResult(sent, time.perf_counter() - start)
 
@@ -109,18 +120,28 @@ def receive_state(
     views = [as_bytes(t) for t in targets]
     chunks = split_chunks([v.numel() for v in views], int(schema["chunk_bytes"]))
     stripes = assign_stripes(chunks, sources)
-    works = []
+    works: list[dist.Work] = []
+    landed: list[Chunk | None] = []  # what each work delivers: a chunk, or a checksum list
     sums: dict[int, torch.Tensor] = {}
     for source, stripe in stripes.items():
         for chunk in stripe:
-            works.append(
-                pg.recv([views[chunk.tensor][chunk.start : chunk.stop]], source, chunk.index)
-            )
+            piece = views[chunk.tensor][chunk.start : chunk.stop]
+            works.append(pg.recv([piece], source, chunk.index))
+            landed.append(chunk)
         sums[source] = torch.empty(len(stripe), dtype=torch.int64)
         works.append(pg.recv([sums[source]], source, len(chunks) + source))
-    wait(works)
+        landed.append(None)
+    actual: dict[int, int] = {}
+
+    def checksum_landed(index: int) -> None:
+        # Runs as each chunk lands, overlapping the checksum with the rest of the transfer.
+        chunk = landed[index]
+        if chunk is not None:
+            actual[chunk.index] = _crc(views[chunk.tensor][chunk.start : chunk.stop])
+
+    wait(works, checksum_landed)
     for source, stripe in stripes.items():
-        _verify(stripe, views, sums[source].tolist(), source)
+        _verify(stripe, actual, sums[source].tolist(), source)
     state = unflatten(schema["tree"], targets)
     received = sum(v.numel() for v in views)
     return TransferResult(received, time.perf_counter() - start, state)
@@ -137,13 +158,10 @@ def _target_for(spec: TensorSpec, existing: torch.Tensor | None) -> torch.Tensor
     return torch.empty(spec.shape, dtype=spec.dtype)
 
 
-def _verify(
-    stripe: list[Chunk], views: list[torch.Tensor], expected: list[int], source: int
-) -> None:
+def _verify(stripe: list[Chunk], actual: dict[int, int], expected: list[int], source: int) -> None:
     for chunk, checksum in zip(stripe, expected, strict=True):
-        actual = _crc(views[chunk.tensor][chunk.start : chunk.stop])
-        if actual != checksum:
+        if actual[chunk.index] != checksum:
             raise TransferError(
                 f"chunk {chunk.index} from source rank {source} failed its checksum "
-                f"({actual:#x} != {checksum:#x}): state corrupted in transit"
+                f"({actual[chunk.index]:#x} != {checksum:#x}): state corrupted in transit"
             )
