@@ -115,7 +115,6 @@ class Controller:
         self._replans = 0
         self._recovery: Recovery | None = None
         self._recovery_thread: threading.Thread | None = None
-        self._done: set[int] = set()
 
     # ---------------------------------------------------------------- queries
     @property
@@ -331,8 +330,6 @@ class Controller:
         member.state = "done"
         member.committed = int(body["step"])
         self.highest_committed = max(self.highest_committed, member.committed)
-        if member.slot is not None:
-            self._done.add(member.slot)
         if self._failed or self._recovery is not None:
             return
         if all(m.state == "done" for m in self._slot_members()):
@@ -706,7 +703,6 @@ class Controller:
         self.generation = plan.generation
         self.assignments = dict(plan.assignments)
         self._failed.clear()
-        self._done.clear()
         message = {
             "type": "plan",
             "generation": plan.generation,
