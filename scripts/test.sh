@@ -4,5 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-.venv/bin/ruff check src tests examples
+.venv/bin/ruff check src tests examples bench
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

@@ -1,0 +1,130 @@
+"""Child processes that are always cleaned up, free ports, bounded waits.
+
+Every launcher the benchmark starts (torchrun, torchrelay, the torchft lighthouse and replica
+groups) goes through :class:`ProcessSet`: each child is its own session leader, so leaving the
+``with`` block (normally, on an exception, or on Ctrl-C) SIGKILLs the child's whole process
+group, grandchildren (torchrun's workers) included, and reaps it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+WORKERS = Path(__file__).resolve().parent / "workers"
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    """A TCP port that was free on 127.0.0.1 a moment ago (the OS picked it)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def worker_env(**extra: str) -> dict[str, str]:
+    """The environment every child gets: one intra-op thread (2 cores, 2+ processes)."""
+    env = dict(os.environ)
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO_ROOT), PYTHONUNBUFFERED="1", **extra)
+    return env
+
+
+def _descendants(root: int) -> list[int]:
+    """Pids of every live descendant of ``root`` (from /proc; empty where there is none)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # exited while we looked
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+class ProcessSet:
+    """Starts children and guarantees they are all dead when the ``with`` block ends."""
+
+    def __init__(self) -> None:
+        self._procs: list[subprocess.Popen[bytes]] = []
+
+    def start(
+        self,
+        cmd: Sequence[str],
+        log: Path,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> subprocess.Popen[bytes]:
+        """Starts ``cmd`` in its own session, stdout+stderr appended to ``log``."""
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(
+                list(cmd),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env or worker_env(),
+                cwd=cwd or REPO_ROOT,
+                start_new_session=True,
+            )
+        self._procs.append(proc)
+        return proc
+
+    def kill_all(self) -> None:
+        """SIGKILLs every child, its process group and all its descendants, then reaps.
+
+        Descendants are listed first and killed by pid: torchrun starts each worker in a
+        session of its own, so killing torchrun's process group would orphan them.
+        """
+        for proc in self._procs:
+            for pid in [*_descendants(proc.pid), proc.pid]:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        for proc in self._procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
+        self._procs.clear()
+
+    def __enter__(self) -> ProcessSet:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.kill_all()
+
+
+def wait_exit(proc: subprocess.Popen[bytes], deadline: float) -> int:
+    """Waits for ``proc`` until the monotonic ``deadline``; raises ``TimeoutError`` after it."""
+    try:
+        return proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired as exc:
+        raise TimeoutError(f"{proc.args!r} still running at its deadline") from exc
+
+
+def wait_listening(port: int, deadline: float) -> None:
+    """Returns once something accepts TCP connections on 127.0.0.1:``port``."""
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"nothing listening on port {port}") from None
+            time.sleep(0.02)  # a server in another process: polling its port is the event

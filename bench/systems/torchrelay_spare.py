@@ -1,0 +1,39 @@
+"""torchrelay with one hot spare: ``torchrelay run --spares 1`` (no rollback)."""
+
+from __future__ import annotations
+
+import time
+
+from bench.procs import BIN, WORKERS, ProcessSet, wait_exit
+from bench.systems.base import RunOutput, RunSpec
+
+
+class TorchrelaySpare:
+    """The launcher replaces a killed worker with a hot spare fed from the survivors."""
+
+    name = "torchrelay"
+    label = "torchrelay + spare"
+    tolerates_failures = True
+
+    def run(self, spec: RunSpec) -> RunOutput:
+        run_dir = spec.workdir / "relay"
+        cmd = [
+            str(BIN / "torchrelay"),
+            "run",
+            "--nproc-per-node",
+            str(spec.world),
+            "--spares",
+            "1",
+            "--run-dir",
+            str(run_dir),
+            "--quiet",
+            str(WORKERS / "relay_worker.py"),
+            *spec.worker_args(),
+        ]
+        start = time.monotonic()
+        with ProcessSet() as procs:
+            proc = procs.start(cmd, spec.workdir / "torchrelay.log")
+            code = wait_exit(proc, start + spec.timeout_s)
+        return RunOutput(
+            wall_s=time.monotonic() - start, returncode=code, ledger=run_dir / "ledger.jsonl"
+        )

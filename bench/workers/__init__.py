@@ -1,0 +1,1 @@
+"""Worker scripts, one per system; each is launched as a file by its system's launcher."""

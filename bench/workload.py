@@ -1,0 +1,147 @@
+"""The one workload every system trains: same model, same optimizer, same batches.
+
+Everything a worker does that is not specific to its fault-tolerance system lives here, so the
+four worker scripts differ only in how they launch, communicate and recover:
+
+- ``build_model`` is deterministic given the seed, so every rank of every system starts equal.
+- ``make_batch(step, rank)`` is a pure function of ``(step, rank)``: a replacement, a restarted
+  worker and a hot spare all read exactly the samples the dead rank would have read.
+- ``ProgressLog`` appends ``step time participants`` for every committed step (rank 0 only), the
+  single source the stall/lost/recomputed metrics are computed from for all systems.
+- ``KillSwitch`` SIGKILLs the calling worker at the first step >= each scheduled step, once per
+  schedule entry (a marker file, created atomically, records the kill time and keeps a restarted
+  or replacement process from killing itself again).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+SEED = 1234
+LR = 1e-3
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    """An MLP shape. ``params`` is exact; state bytes = params * 4 B * 3 (weights + AdamW m, v)."""
+
+    d_in: int
+    hidden: int
+    d_out: int
+    batch: int
+
+    @property
+    def params(self) -> int:
+        return (
+            (self.d_in + 1) * self.hidden
+            + (self.hidden + 1) * self.hidden
+            + (self.hidden + 1) * self.d_out
+        )
+
+
+# small ~ the README's 1.26 M-parameter demo GPT; large ~ 100 MB of weights + AdamW state.
+MODELS: dict[str, ModelSize] = {
+    "small": ModelSize(d_in=128, hidden=1040, d_out=64, batch=32),
+    "large": ModelSize(d_in=192, hidden=2752, d_out=64, batch=32),
+}
+
+
+def build_model(size: str) -> nn.Module:
+    """The MLP of ``MODELS[size]``, initialised from ``SEED`` (identical on every process)."""
+    shape = MODELS[size]
+    torch.manual_seed(SEED)
+    return nn.Sequential(
+        nn.Linear(shape.d_in, shape.hidden),
+        nn.GELU(),
+        nn.Linear(shape.hidden, shape.hidden),
+        nn.GELU(),
+        nn.Linear(shape.hidden, shape.d_out),
+    )
+
+
+def build_optimizer(model: nn.Module) -> torch.optim.Optimizer:
+    """AdamW with fixed hyper-parameters (the same for every system)."""
+    return torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
+
+
+def make_batch(size: str, step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch of ``rank`` at ``step``: a pure function of its arguments (own generator)."""
+    shape = MODELS[size]
+    gen = torch.Generator().manual_seed(SEED * 1_000_003 + step * 1009 + rank)
+    x = torch.randn(shape.batch, shape.d_in, generator=gen)
+    y = torch.randn(shape.batch, shape.d_out, generator=gen)
+    return x, y
+
+
+def loss_fn(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """Mean squared error of the model on the batch."""
+    x, y = batch
+    return nn.functional.mse_loss(model(x), y)
+
+
+class ProgressLog:
+    """Appends one ``step unix_time participants`` line per committed step, flushed at once.
+
+    Appending (not truncating) matters: a torchrun restart reopens the same file, and the
+    rolled-back steps show up as repeated step numbers, which is how rollback is measured.
+    """
+
+    def __init__(self, path: str | None) -> None:
+        self._file = open(path, "a", buffering=1) if path else None  # noqa: SIM115
+
+    def commit(self, step: int, participants: int) -> None:
+        if self._file is not None:
+            self._file.write(f"{step} {time.time():.6f} {participants}\n")
+
+
+class KillSwitch:
+    """SIGKILLs this process at the first step >= each scheduled step, once per entry."""
+
+    def __init__(self, rank: int | None, kill_rank: int, steps: list[int], marker_dir: str):
+        self._armed = rank == kill_rank and bool(steps)
+        self._steps = steps
+        self._dir = Path(marker_dir)
+
+    def maybe_kill(self, step: int) -> None:
+        if not self._armed:
+            return
+        for index, at in enumerate(self._steps):
+            if step < at:
+                return
+            marker = self._dir / f"kill{index}"
+            try:
+                fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                continue  # this entry already fired (in an earlier process)
+            os.write(fd, f"{at} {step} {time.time():.6f}\n".encode())
+            os.close(fd)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def save_weights(model: nn.Module, path: str | None) -> None:
+    """Saves the unwrapped module's state dict (cloned tensors) to ``path`` if given."""
+    if path:
+        torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, path)
+
+
+def worker_args(extra: argparse.ArgumentParser | None = None) -> argparse.Namespace:
+    """The command line every worker script accepts (systems add their own flags)."""
+    parser = extra or argparse.ArgumentParser()
+    parser.add_argument("--model", choices=sorted(MODELS), default="small")
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--progress-file", default=None)
+    parser.add_argument("--out", default=None, help="rank 0 saves final weights here")
+    parser.add_argument("--kill-rank", type=int, default=1)
+    parser.add_argument("--kill-steps", default="", help="comma-separated steps")
+    parser.add_argument("--marker-dir", default=".")
+    args = parser.parse_args()
+    args.kill_steps = [int(s) for s in args.kill_steps.split(",") if s]
+    return args
