@@ -1,10 +1,11 @@
 """Soak efficiency: one job, many mixed failures, compared with the same job without failures.
 
-``python -m bench.soak`` runs tests/scripts/mlp_train.py paced to a realistic step time (rank 0
-computes ``--pace`` seconds longer per step, in both runs), once without failures and once
-with a seeded mix of failures (SIGKILL in forward/backward, SIGSTOP hangs, deaths during a
-recovery). Training efficiency = useful step time / wall time, where useful step time is the
-failure-free run's training time for the same steps. From the per-failure cost it also
+``python -m bench.soak`` runs tests/scripts/mlp_train.py paced to a realistic step time (every
+rank computes ``--pace`` seconds longer per step, replacements included), once without
+failures and once with a seeded mix of failures (SIGKILL in forward/backward, SIGSTOP hangs,
+deaths during a recovery). Training efficiency = useful step time / wall time, where useful
+step time is the failure-free run's training time for the same steps (both timed from the
+moment the last worker joined to the end of the job). From the per-failure cost it also
 extrapolates the efficiency at one failure every 60 s (torchft's published soak setting).
 """
 
@@ -39,17 +40,18 @@ def run(run_dir: Path, steps: int, pace: float, chaos: list[str]) -> float:
         "--quiet",
         "--run-dir",
         str(run_dir),
-        f"--chaos=slow:rank=0:step=0:seconds={pace}",
         *(f"--chaos={c}" for c in chaos),
         str(SCRIPT),
         "--steps",
         str(steps),
+        "--compute-seconds",
+        str(pace),
         "--out",
         str(run_dir / "final.pt"),
     ]
     subprocess.run(command, check=True, capture_output=True, timeout=1800)
     events = read_ledger(run_dir / "ledger.jsonl")
-    start = next(e["t"] for e in events if e["event"] == "chaos_fired")  # the pace: step 0
+    start = [e["t"] for e in events if e["event"] == "process_join" and e["role"] == "worker"][-1]
     end = next(e["t"] for e in events if e["event"] == "job_end")
     return end - start
 
@@ -69,7 +71,9 @@ def main() -> None:
         soak = run(Path(tmp) / "soak", args.steps, args.pace, chaos)
         events = read_ledger(Path(tmp) / "soak" / "ledger.jsonl")
     failures = sum(1 for e in events if e["event"] == "failure")
-    lost = sum(e["lost_steps"] for e in events if e["event"] == "recovery_done")
+    recoveries = [e for e in events if e["event"] == "recovery_done"]
+    lost = sum(e["lost_steps"] for e in recoveries)
+    stalls = sum(e["stall_seconds"] for e in recoveries)
     per_failure = (soak - clean) / failures
     result = {
         "steps": args.steps,
@@ -80,6 +84,10 @@ def main() -> None:
         "efficiency": round(clean / soak, 4),
         "failures_per_minute": round(60 * failures / soak, 2),
         "seconds_lost_per_failure": round(per_failure, 3),
+        "hangs_detected": sum(1 for e in events if e["event"] == "hang_detected"),
+        "recoveries": len(recoveries),
+        "stall_seconds_total": round(stalls, 2),
+        "efficiency_from_stalls": round(1 - stalls / soak, 4),
         "efficiency_at_one_failure_per_60s": round(1 - per_failure / 60, 4),
     }
     print(json.dumps(result, indent=2))

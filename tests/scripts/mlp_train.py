@@ -1,6 +1,7 @@
 """A small DDP training script used by the multi-process tests (dropout, AdamW, scheduler)."""
 
 import argparse
+import time
 
 import torch
 import torch.nn.functional as F
@@ -14,6 +15,7 @@ parser.add_argument("--steps", type=int, default=12)
 parser.add_argument("--out", default=None)
 parser.add_argument("--bug-rank", type=int, default=-1, help="raise on this rank at --bug-step")
 parser.add_argument("--bug-step", type=int, default=-1)
+parser.add_argument("--compute-seconds", type=float, default=0.0, help="simulated extra compute")
 args = parser.parse_args()
 
 relay = torchrelay.init(seed=7)
@@ -29,6 +31,7 @@ data = TensorDataset(torch.randn(1024, 16), torch.randn(1024, 4))
 for step, (x, y) in relay.steps(data, batch_size=8, max_steps=args.steps):
     if relay.rank == args.bug_rank and step == args.bug_step:
         raise ValueError(f"deliberate bug at step {step}")
+    time.sleep(args.compute_seconds)  # stands in for a bigger model's compute time
     loss = F.mse_loss(model(x), y)
     loss.backward()
     opt.step()
