@@ -49,12 +49,16 @@ class ControlServer:
             "Status": grpc.unary_unary_rpc_method_handler(
                 self._unary(lambda _body: self.controller.status())
             ),
-            "Watch": grpc.unary_stream_rpc_method_handler(self._watch),
+            "Watch": grpc.unary_stream_rpc_method_handler(
+                self._stream(lambda body, active: controller.watch(str(body["process"]), active))
+            ),
             "NodeJoin": grpc.unary_unary_rpc_method_handler(
                 self._unary(lambda body: self.controller.join_node(str(body["node"])))
             ),
             "NodeExit": grpc.unary_unary_rpc_method_handler(self._unary(self._node_exit)),
-            "NodeWatch": grpc.unary_stream_rpc_method_handler(self._node_watch),
+            "NodeWatch": grpc.unary_stream_rpc_method_handler(
+                self._stream(lambda body, active: controller.watch_node(str(body["node"]), active))
+            ),
         }
         self._server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(SERVICE, handlers),)
@@ -107,21 +111,20 @@ class ControlServer:
         self.controller.node_exit(str(body["node"]), str(body["exited"]), int(body["returncode"]))
         return {}
 
-    def _node_watch(self, request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
-        body = self._open(request, context)
-        try:
-            for command in self.controller.watch_node(str(body["node"]), context.is_active):
-                yield seal(command, self._token)
-        except ProtocolError as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad request: {exc}")
+    def _stream(
+        self, messages: Callable[[dict[str, Any], Callable[[], bool]], Iterator[dict[str, Any]]]
+    ) -> Callable[[bytes, grpc.ServicerContext], Iterator[bytes]]:
+        """A server-stream handler sealing each message; the stream ends with the RPC."""
 
-    def _watch(self, request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
-        body = self._open(request, context)
-        try:
-            for message in self.controller.watch(str(body["process"]), context.is_active):
-                yield seal(message, self._token)
-        except ProtocolError as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad request: {exc}")
+        def handler(request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
+            body = self._open(request, context)
+            try:
+                for message in messages(body, context.is_active):
+                    yield seal(message, self._token)
+            except ProtocolError as exc:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad request: {exc}")
+
+        return handler
 
 
 class ControlClient:
