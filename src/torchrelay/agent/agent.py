@@ -46,6 +46,26 @@ class NodeAgent:
         self.log_dir = config.run_dir / "logs"
         self.log_dir.mkdir(parents=True, exist_ok=True)
 
+    def configure(self, store_port: int, control: str, token: str) -> None:
+        """The environment every process of this node starts with: torchrun's, plus ours."""
+        env = dict(os.environ)
+        env.update(
+            {
+                "MASTER_ADDR": self.config.master_addr,
+                "MASTER_PORT": str(store_port),
+                "WORLD_SIZE": str(self.config.world_size),
+                "LOCAL_WORLD_SIZE": str(self.config.nproc_per_node),
+                "GROUP_RANK": str(self.config.node_rank),
+                "TORCHRELAY_CONTROL": control,
+                "TORCHRELAY_TOKEN": token,
+                "TORCHRELAY_RUN_DIR": str(self.config.run_dir),
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        # Like torchrun: several processes per node must not each spawn a thread per core.
+        env.setdefault("OMP_NUM_THREADS", "1")
+        self.environment = env
+
     # ------------------------------------------------------------------ start
     def start_workers(self) -> None:
         first = self.config.node_rank * self.config.nproc_per_node

@@ -46,26 +46,7 @@ class Launch:
         self.server = ControlServer(
             self.controller, self.token, host=config.master_addr, port=control_port(config)
         )
-        self.agent.environment = self._environment()
-
-    def _environment(self) -> dict[str, str]:
-        env = dict(os.environ)
-        env.update(
-            {
-                "MASTER_ADDR": self.config.master_addr,
-                "MASTER_PORT": str(self.store.port),
-                "WORLD_SIZE": str(self.config.world_size),
-                "LOCAL_WORLD_SIZE": str(self.config.nproc_per_node),
-                "GROUP_RANK": str(self.config.node_rank),
-                "TORCHRELAY_CONTROL": self.server.address,
-                "TORCHRELAY_TOKEN": self.token,
-                "TORCHRELAY_RUN_DIR": str(self.config.run_dir),
-                "PYTHONUNBUFFERED": "1",
-            }
-        )
-        # Like torchrun: several processes per node must not each spawn a thread per core.
-        env.setdefault("OMP_NUM_THREADS", "1")
-        return env
+        self.agent.configure(self.store.port, self.server.address, self.token)
 
     def _publish_endpoint(self) -> None:
         """Let operators' tools (status, chaos) find and authenticate to this job."""

@@ -8,7 +8,6 @@ and treats every process of this node as lost.
 
 from __future__ import annotations
 
-import os
 import sys
 
 from torchrelay.agent.agent import NodeAgent
@@ -24,19 +23,7 @@ class RemoteNode:
         self.node = f"node{config.node_rank}"
         self.client = ControlClient(control, token, process=f"agent@{self.node}")
         self.agent = NodeAgent(config, self.node, on_exit=self._on_exit)
-        self.agent.environment = {
-            **os.environ,
-            "MASTER_ADDR": config.master_addr,
-            "MASTER_PORT": str(config.master_port),
-            "WORLD_SIZE": str(config.world_size),
-            "LOCAL_WORLD_SIZE": str(config.nproc_per_node),
-            "GROUP_RANK": str(config.node_rank),
-            "TORCHRELAY_CONTROL": control,
-            "TORCHRELAY_TOKEN": token,
-            "TORCHRELAY_RUN_DIR": str(config.run_dir),
-            "PYTHONUNBUFFERED": "1",
-        }
-        self.agent.environment.setdefault("OMP_NUM_THREADS", "1")
+        self.agent.configure(config.master_port, control, token)
 
     def _on_exit(self, process: str, returncode: int) -> None:
         try:
