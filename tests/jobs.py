@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
 import subprocess
 import sys
 import time
@@ -105,3 +107,70 @@ def await_status(run_dir, predicate: Callable[[dict], bool], timeout: float = 12
                 return status
         time.sleep(0.2)
     raise AssertionError("the job never reached the expected state")
+
+
+def free_port_pair(host: str = "127.0.0.1") -> int:
+    """A free port P on ``host`` with P+1 free too (a multi-node job's store and controller)."""
+    for _ in range(50):
+        with socket.socket() as a, socket.socket() as b:
+            a.bind((host, 0))
+            port = a.getsockname()[1]
+            try:
+                b.bind((host, port + 1))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no two consecutive free ports")
+
+
+def start_node(
+    node_rank: int,
+    endpoint: str,
+    run_dir: Path,
+    *,
+    token: str,
+    steps: int,
+    spares: int,
+    launcher_args: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+    wrapper: tuple[str, ...] = (),
+) -> subprocess.Popen[str]:
+    """Start node ``node_rank`` of a two-node job (2 workers each) as its own process group.
+
+    ``wrapper`` prefixes the command (e.g. ``ip netns exec NS`` to put the node on a network of
+    its own); ``env`` adds to the environment.
+    """
+    command = [
+        *wrapper,
+        sys.executable,
+        "-m",
+        "torchrelay.cli.main",
+        "run",
+        "--nnodes",
+        "2",
+        "--node-rank",
+        str(node_rank),
+        "--nproc-per-node",
+        "2",
+        "--spares",
+        str(spares),
+        "--rdzv-endpoint",
+        endpoint,
+        "--run-dir",
+        str(run_dir),
+        "--quiet",
+        *launcher_args,
+        str(SCRIPTS / "mlp_train.py"),
+        "--steps",
+        str(steps),
+        "--out",
+        str(run_dir / "final.pt"),
+    ]
+    return subprocess.Popen(
+        command,
+        env={**os.environ, "TORCHRELAY_JOB_TOKEN": token, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )

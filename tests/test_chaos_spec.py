@@ -24,6 +24,7 @@ def test_default_phase_is_forward():
         ("kill:rank=x:step=1", "integers"),
         ("kill:rank=1:step=1:phase=sideways", "phase"),
         ("kill:rank=1:step=1:when=now", "bad field"),
+        ("drop:rank=1:step=1:phase=backward", "no phase"),
     ],
 )
 def test_bad_specs_explain_themselves(spec, message):
@@ -37,13 +38,14 @@ def test_rank_outside_world_is_refused():
 
 
 def test_random_schedule_is_reproducible_and_mixed():
-    specs = random_schedule(
-        3, failures=30, world_size=3, first_step=2, last_step=120, hangs=4, during_recovery=3
-    )
-    assert specs == random_schedule(3, 30, 3, 2, 120, hangs=4, during_recovery=3)
+    mix = {"hangs": 4, "during_recovery": 3, "stalls": 2, "drops": 1}
+    specs = random_schedule(3, failures=30, world_size=3, first_step=2, last_step=120, **mix)
+    assert specs == random_schedule(3, 30, 3, 2, 120, **mix)
     assert len(specs) == 30
     events = parse_schedule(specs, world_size=3)
     assert sum(e.action == "hang" for e in events) == 4
+    assert sum(e.action == "stall" for e in events) == 2
+    assert sum(e.action == "drop" for e in events) == 1
     assert sum(e.phase == "transfer" for e in events) == 3
     primary = [e.step for e in events if e.phase != "transfer"]
     assert all(b - a >= 2 for a, b in itertools.pairwise(primary))

@@ -20,7 +20,7 @@ class FakeAgent:
     def start_spare(self) -> None:
         self.spares_started += 1
 
-    def fence(self, process: str) -> None:
+    def kill(self, process: str, signum: int = 9) -> None:
         self.fenced.append(process)
 
 
@@ -110,3 +110,62 @@ def test_stale_generation_is_fenced_after_recovery(job):
     events = [e["event"] for e in read_ledger(run_dir / "ledger.jsonl")]
     assert "fenced_refused" in events and "recovery_planned" in events
     w0.report("progress", generation=1, step=5)  # the survivor is not fenced
+
+
+def test_heartbeat_reply_grants_the_worker_its_lease(job):
+    controller, _, client, _, _ = job
+    worker = client("worker0")
+    worker.join("worker", 1, "node0", 0)
+    reply = worker.report("progress", generation=0, step=0, step_age=0.1, waiting=None)
+    assert reply == {"hang_timeout": controller.config.hang_floor}
+
+
+def test_silent_node_is_declared_lost_and_then_fenced_out(job):
+    controller, _, client, run_dir, _ = job
+    controller.config.node_timeout = 1.5
+    agent1 = client("agent@node1")
+    assert agent1.node_join("node1")["node_timeout"] == 1.5
+    w1 = client("worker1")
+    w1.join("worker", 7, "node1", 1)
+    agent1.node_report("node1", "heartbeat")
+    controller.start_monitor(interval=0.1)
+    # No more heartbeats from node1: it is declared lost after the node timeout.
+    assert controller.wait_until(lambda: not controller.nodes["node1"].alive, timeout=10)
+    lost = next(e for e in read_ledger(run_dir / "ledger.jsonl") if e["event"] == "node_lost")
+    assert lost["processes"] == ["worker1"] and "no heartbeat" in lost["reason"]
+    assert controller.members["worker1"].state == "fenced"
+    # The isolated side comes back: its agent and its worker are refused.
+    for call in (
+        lambda: agent1.node_report("node1", "heartbeat"),
+        lambda: agent1.node_report("node1", "exit", exited="worker1", returncode=0),
+        lambda: w1.report("progress", generation=0, step=9),
+    ):
+        with pytest.raises(ControlError) as err:
+            call()
+        assert err.value.code == "FAILED_PRECONDITION"
+    controller.stop("test over")
+
+
+def test_operator_drills_are_routed_and_bad_ones_refused(job):
+    controller, agent, client, _, _ = job
+    client("worker0").join("worker", 1, "node0", 0)
+    client("agent@node1").node_join("node1")
+    operator = client("operator")
+    assert operator.chaos("kill", "worker0")["pid"] == 1
+    assert agent.fenced == ["worker0"]
+    for fault, target, seconds, message in [
+        ("partition", "node0", 5, "hosts the controller"),
+        ("kill-node", "node0", 0, "hosts the controller"),
+        ("partition", "node1", 0.1, "between 1 and 3600"),
+        ("partition", "node9", 5, "never joined"),
+        ("explode", "node1", 5, "unknown fault"),
+        ("hang", "worker7", 0, "never joined"),
+    ]:
+        with pytest.raises(ControlError, match=message):
+            operator.chaos(fault, target, seconds)
+    assert operator.chaos("partition", "node1", 5)["node"] == "node1"
+    assert controller.nodes["node1"].outbox.get_nowait() == {
+        "type": "chaos",
+        "fault": "partition",
+        "seconds": 5.0,
+    }

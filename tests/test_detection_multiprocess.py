@@ -81,6 +81,8 @@ def test_soak_of_thirty_mixed_failures_stays_bitwise_equal(tmp_path, reference_w
         last_step=steps - 2,
         hangs=3,
         during_recovery=3,
+        stalls=2,
+        drops=2,
     )
     job = run_job(
         tmp_path, spares=3, chaos=tuple(chaos), steps=steps, launcher_args=FAST_HANG, timeout=900
@@ -96,3 +98,29 @@ def test_soak_of_thirty_mixed_failures_stays_bitwise_equal(tmp_path, reference_w
         f"soak: {len(summary['failures'])} failures in {busy:.0f} s "
         f"({60 * len(summary['failures']) / busy:.1f} per minute)"
     )
+
+
+def test_stalled_worker_that_still_heartbeats_is_fenced_and_replaced(tmp_path, reference_weights):
+    job = run_job(tmp_path, chaos=("stall:rank=1:step=4",), steps=STEPS, launcher_args=FAST_HANG)
+    summary = _assert_clean_recoveries(job, failures=1)
+    assert_bitwise_equal(job.weights(), reference_weights(STEPS))
+    (failure,) = summary["failures"]
+    assert failure["kind"] == "stall" and failure["rank"] == 1
+    assert "without waiting on a collective" in failure["detected_by"]
+    # Its heartbeats never stopped: only the step-progress rule could see it.
+    (detected,) = [e for e in job.ledger() if e["event"] == "hang_detected"]
+    assert detected["detection"] == "stall" and detected["silent_seconds"] < 2.0
+
+
+def test_collective_that_never_returns_is_cured_by_reforming_the_same_members(
+    tmp_path, reference_weights
+):
+    job = run_job(tmp_path, chaos=("drop:rank=0:step=4",), steps=STEPS, launcher_args=FAST_HANG)
+    summary = _assert_clean_recoveries(job, failures=1)
+    assert_bitwise_equal(job.weights(), reference_weights(STEPS))
+    (failure,) = summary["failures"]
+    assert failure["kind"] == "collective" and failure["rank"] is None
+    assert failure["recomputed_steps"] == 1 and failure["bytes_transferred"] == 0
+    (planned,) = [e for e in job.ledger() if e["event"] == "recovery_planned"]
+    assert planned["replaced"] == {} and planned["receivers"] == []
+    assert not [e for e in job.ledger() if e["event"] == "process_exit" and e["returncode"]]

@@ -12,6 +12,12 @@ A spec is ``ACTION:key=value:key=value``. Supported now:
   peers block in the collective; only hang detection can cure this.
 - ``slow:rank=R:step=S:seconds=X`` -- from step ``S`` on, that rank computes ``X`` seconds
   longer per step (a straggler: degraded GPU, thermal throttling).
+- ``stall:rank=R:step=S[:phase=...]`` -- its training thread blocks for good while its
+  heartbeats go on (a deadlocked data loader, a stuck kernel): only the step-progress rule of
+  the controller sees it.
+- ``drop:rank=R:step=S`` -- from step ``S`` its communicator silently stops delivering: its
+  collectives are never sent and never complete, every rank waits, every rank heartbeats (a
+  collective that never returns). Cured by re-forming the communicator with the same members.
 
 Each event fires at most once per job: the worker reports it to the controller right before
 it kills itself, and replacements are never handed a fired event.
@@ -23,7 +29,7 @@ import random
 from dataclasses import asdict, dataclass
 
 PHASES = ("forward", "backward", "transfer")
-ACTIONS = ("kill", "hang", "slow")
+ACTIONS = ("kill", "hang", "slow", "stall", "drop")
 
 
 class ChaosSpecError(ValueError):
@@ -59,8 +65,8 @@ class ChaosEvent:
 def parse_chaos(spec: str, event_id: int) -> ChaosEvent:
     """Parse one spec such as ``kill:rank=2:step=10:phase=backward``."""
     usage = (
-        "expected kill|hang:rank=R:step=S[:phase=forward|backward] or "
-        "slow:rank=R:step=S:seconds=X, e.g. kill:rank=1:step=10"
+        "expected kill|hang|stall:rank=R:step=S[:phase=forward|backward|transfer], "
+        "drop:rank=R:step=S or slow:rank=R:step=S:seconds=X, e.g. kill:rank=1:step=10"
     )
     action, *fields = spec.strip().split(":")
     if action not in ACTIONS:
@@ -86,6 +92,8 @@ def parse_chaos(spec: str, event_id: int) -> ChaosEvent:
         seconds = float(values.get("seconds", "0"))
     except ValueError:
         raise ChaosSpecError(f"chaos spec {spec!r}: seconds must be a number") from None
+    if action == "drop" and phase != "forward":
+        raise ChaosSpecError(f"chaos spec {spec!r}: drop takes no phase (it starts at the step)")
     if (action == "slow") != (seconds > 0):
         raise ChaosSpecError(f"chaos spec {spec!r}: seconds=X (> 0) goes with slow, only")
     return ChaosEvent(event_id, action, rank, step, phase, seconds)
@@ -111,31 +119,35 @@ def random_schedule(
     last_step: int,
     hangs: int = 0,
     during_recovery: int = 0,
+    stalls: int = 0,
+    drops: int = 0,
 ) -> list[str]:
     """A reproducible mix of faults for soak tests and drills, as ``--chaos`` specs.
 
     Picks distinct steps in ``[first_step, last_step]`` at least two apart (so a recovery
-    completes before the next fault), then assigns classes: ``hangs`` SIGSTOPs,
+    completes before the next fault), then assigns classes: ``hangs`` SIGSTOPs, ``stalls``
+    training threads blocked while heartbeats go on, ``drops`` collectives that never return,
     ``during_recovery`` pairs where a second rank dies in the transfer of the recovery caused
     by the first (both count as failures), and SIGKILLs in the forward or backward pass for the
     rest.
     """
     events = failures - during_recovery
-    if world_size < 2 or events < 1 or hangs + during_recovery > events:
+    special = hangs + during_recovery + stalls + drops
+    if world_size < 2 or events < 1 or special > events:
         raise ValueError("need world_size >= 2 and enough failures for the requested classes")
     rng = random.Random(seed)
     candidates = list(range(first_step, last_step + 1, 2))
     if len(candidates) < events:
         raise ValueError(f"{events} faults do not fit in steps {first_step}..{last_step}")
     steps = sorted(rng.sample(candidates, events))
-    kinds = ["hang"] * hangs + ["pair"] * during_recovery
+    kinds = ["hang"] * hangs + ["pair"] * during_recovery + ["stall"] * stalls + ["drop"] * drops
     kinds += [rng.choice(["forward", "backward"]) for _ in range(events - len(kinds))]
     rng.shuffle(kinds)
     specs = []
     for step, kind in zip(steps, kinds, strict=True):
         rank = rng.randrange(world_size)
-        if kind == "hang":
-            specs.append(f"hang:rank={rank}:step={step}")
+        if kind in ("hang", "stall", "drop"):
+            specs.append(f"{kind}:rank={rank}:step={step}")
         elif kind == "pair":
             other = rng.choice([r for r in range(world_size) if r != rank])
             specs += [

@@ -18,7 +18,10 @@ class JobConfig:
     as long as spares exist. ``spare_timeout`` bounds how long a recovery waits for a spare;
     ``halt_timeout`` bounds how long it waits for survivors to stop their step in flight.
     A process whose heartbeats stop for ``max(hang_floor, hang_factor x median step time)``
-    is declared hung and fenced. A rank whose compute time per step exceeds ``straggler_ratio``
+    is declared hung and fenced (the same timeout applies to a process stuck inside one step,
+    see :mod:`torchrelay.control.detection`). A remote node agent unheard of for
+    ``node_timeout`` seconds is declared lost, and an agent cut off from the controller that
+    long kills its own workers. A rank whose compute time per step exceeds ``straggler_ratio``
     times its peers' median is reported as a straggler.
     """
 
@@ -35,6 +38,7 @@ class JobConfig:
     collective_timeout: float = 300.0
     hang_floor: float = 10.0
     hang_factor: float = 10.0
+    node_timeout: float = 10.0
     straggler_ratio: float = 1.5
     chaos: list[ChaosEvent] = field(default_factory=list)
     master_addr: str = "127.0.0.1"

@@ -132,12 +132,21 @@ class NodeAgent:
         proc = self._procs.get(process)
         return None if proc is None else proc.pid
 
-    def fence(self, process: str) -> None:
-        """SIGKILL ``process`` if it is still alive (works on stopped processes too)."""
+    def kill(self, process: str, signum: int = signal.SIGKILL) -> None:
+        """Send ``signum`` to ``process`` if it is still alive; the default SIGKILL fences it
+        (it works on stopped processes too)."""
         proc = self._procs.get(process)
         if proc is not None and proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGKILL)
+                os.kill(proc.pid, signum)
+
+    def kill_all(self) -> None:
+        """SIGKILL every process of this node at once (a lost node, or an isolated one)."""
+        with self._lock:
+            self._stopping = True
+            names = list(self._procs)
+        for name in names:
+            self.kill(name)
 
     def alive(self) -> list[str]:
         with self._lock:

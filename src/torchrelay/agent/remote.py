@@ -1,17 +1,29 @@
 """A node of a multi-node job other than the controller's: ``torchrelay run --node-rank R``.
 
 It runs a :class:`NodeAgent` for its workers and spares and connects it to the controller on
-node 0 over the control RPC: exits are reported as ``NodeExit``; ``start_spare``, ``fence`` and
-``finish`` arrive on ``NodeWatch``. If this process dies, the controller sees the stream drop
-and treats every process of this node as lost.
+node 0 over the control RPC: heartbeats and process exits go out as ``NodeReport``;
+``start_spare``, ``signal`` (fences and drills), ``chaos`` and ``finish`` arrive on
+``NodeWatch``.
+
+If this process dies, the controller sees the stream drop; if it is cut off, the controller
+sees its heartbeats stop. Either way every process of the node is declared lost. A cut-off
+agent holds a lease (:mod:`torchrelay.control.lease`): once it expires, the agent kills its
+workers and exits, so an isolated node never rejoins the job with stale state.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import sys
+import threading
+from typing import Any
 
+from torchrelay.agent import partition
 from torchrelay.agent.agent import NodeAgent
 from torchrelay.config import JobConfig
+from torchrelay.control.lease import HEARTBEAT_RPC_TIMEOUT, keep_alive
 from torchrelay.control.service import ControlClient, ControlError
 
 
@@ -20,33 +32,109 @@ class RemoteNode:
 
     def __init__(self, config: JobConfig, control: str, token: str) -> None:
         self.config = config
+        self.control = control
         self.node = f"node{config.node_rank}"
         self.client = ControlClient(control, token, process=f"agent@{self.node}")
         self.agent = NodeAgent(config, self.node, on_exit=self._on_exit)
         self.agent.configure(config.master_port, control, token)
+        self._stopped = threading.Event()
+        self._isolated: str | None = None
+
+    def _say(self, message: str) -> None:
+        print(f"torchrelay [{self.node}]: {message}", file=sys.stderr, flush=True)
 
     def _on_exit(self, process: str, returncode: int) -> None:
+        if self._isolated is not None:
+            return
         try:
-            self.client.node_exit(self.node, process, returncode)
+            self.client.node_report(self.node, "exit", exited=process, returncode=returncode)
         except ControlError as exc:
-            print(f"torchrelay: could not report the exit of {process}: {exc}", file=sys.stderr)
+            self._say(f"could not report the exit of {process}: {exc}")
 
     def run(self) -> int:
         """Serve the controller's commands until the job finishes; 0 on success."""
-        self.client.node_join(self.node)
+        joined = self.client.node_join(self.node)
         self.agent.start_workers()
         for _ in range(self.config.spares):
             self.agent.start_spare()
+        heartbeat = threading.Thread(
+            target=self._heartbeat,
+            args=(float(joined["node_timeout"]),),
+            name="torchrelay-node-heartbeat",
+            daemon=True,
+        )
+        heartbeat.start()
         try:
             for command in self.client.node_watch(self.node):
                 if command["type"] == "start_spare":
                     self.agent.start_spare()
-                elif command["type"] == "fence":
-                    self.agent.fence(str(command["process"]))
+                elif command["type"] == "signal":
+                    self.agent.kill(str(command["process"]), int(command["signal"]))
+                elif command["type"] == "chaos":
+                    self._chaos(command)
                 elif command["type"] == "finish":
+                    self._stopped.set()
                     finished = self.agent.wait_all(timeout=30.0)
                     return 0 if finished else 1
         except ControlError as exc:
-            print(f"torchrelay: lost the controller ({exc}); stopping this node", file=sys.stderr)
+            if self._isolated is None:
+                self._say(f"lost the controller ({exc}); stopping this node")
+        finally:
+            self._stopped.set()
+        if self._isolated is not None:
+            self._say(self._isolated)
         self.agent.stop_all()
         return 1
+
+    def _heartbeat(self, node_timeout: float) -> None:
+        def beat() -> float:
+            self.client.node_report(self.node, "heartbeat", timeout=HEARTBEAT_RPC_TIMEOUT)
+            return node_timeout
+
+        def refused(error: ControlError) -> None:
+            if error.code == "FAILED_PRECONDITION":
+                self._isolate(f"the controller fenced this node out ({error.message})")
+
+        def expired(silence: float, lease: float, error: ControlError) -> None:
+            self._isolate(
+                f"cut off from the controller for {silence:.1f} s (node timeout {lease:.1f} s, "
+                f"last error {error.code}): the job has given this node's slots to others"
+            )
+
+        keep_alive(beat, self._stopped, refused, expired)
+
+    def _isolate(self, why: str) -> None:
+        """Kill every worker and spare of this node and stop serving the controller."""
+        if self._isolated is not None:
+            return
+        self._isolated = f"{why}; killed this node's workers so they cannot rejoin stale"
+        self._stopped.set()
+        self.agent.kill_all()
+        self.client.close()  # ends the command stream in run()
+
+    def _chaos(self, command: dict[str, Any]) -> None:
+        fault, seconds = str(command["fault"]), float(command["seconds"])
+        if fault == "kill-node":
+            self._notify_chaos(fault=fault, ok=True)
+            self._say("chaos kill-node: SIGKILL to every process of this node, this agent last")
+            self.agent.kill_all()
+            os.kill(os.getpid(), signal.SIGKILL)
+            return
+        try:
+            partition.check_cuttable(self.control)
+            names = partition.prepare()
+        except partition.PartitionError as exc:
+            self._notify_chaos(fault=fault, ok=False, error=str(exc))
+            self._say(f"chaos partition refused: {exc}")
+            return
+        # Said before the cut: afterwards nothing gets through.
+        self._notify_chaos(fault=fault, ok=True, interfaces=names, seconds=seconds)
+        self._say(f"chaos partition: dropping all traffic on {names} for {seconds:.0f} s")
+        try:
+            partition.cut(names, seconds)
+        except partition.PartitionError as exc:
+            self._notify_chaos(fault=fault, ok=False, error=str(exc))
+
+    def _notify_chaos(self, **body: Any) -> None:
+        with contextlib.suppress(ControlError):
+            self.client.node_report(self.node, "chaos", timeout=5.0, **body)

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +52,9 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         "chaos",
         help="inject a fault into a running job (operators' drill)",
         description="Inject a real fault into a running job, to prove a setup before a long "
-        "run. The job must recover from each with no committed step lost.",
+        "run. The job must recover from each with no committed step lost. The fault is "
+        "carried out by the agent on the target's node, so this works from any host that "
+        "can read the run directory's endpoint and token.",
     )
     chaos.add_argument("--run-dir", type=Path, required=True, help="the job's --run-dir")
     faults = chaos.add_subparsers(dest="fault", required=True)
@@ -67,6 +67,21 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     )
     hang.add_argument("--rank", type=int, required=True)
     faults.add_parser("kill-spare", help="SIGKILL one idle spare (the pool must refill)")
+    kill_node = faults.add_parser(
+        "kill-node",
+        help="SIGKILL a node's agent and every worker and spare on it at once (a node lost "
+        "to power or a kernel panic); not node 0, which hosts the controller",
+    )
+    kill_node.add_argument("--node", type=int, required=True)
+    partition = faults.add_parser(
+        "partition",
+        help="drop all network traffic of a node for SECONDS (a failed link: silence, no "
+        "resets); needs nftables and CAP_NET_ADMIN on that node, and a node on its own host",
+    )
+    where = partition.add_mutually_exclusive_group(required=True)
+    where.add_argument("--node", type=int)
+    where.add_argument("--rank", type=int, help="partition the node that runs this rank")
+    partition.add_argument("--seconds", type=float, required=True)
     chaos.set_defaults(func=run_chaos)
 
 
@@ -99,18 +114,34 @@ def run_status(args: argparse.Namespace) -> int:
 
 def run_chaos(args: argparse.Namespace) -> int:
     status = job_status(args.run_dir)
+    slots = {m["slot"]: m for m in status["slots"]}
+    rank = getattr(args, "rank", None)
+    if rank is not None and rank not in slots:
+        raise SystemExit(f"torchrelay chaos: no rank {rank} (world size {status['world_size']})")
     if args.fault == "kill-spare":
         if not status["spares"]:
             raise SystemExit("torchrelay chaos: the job has no idle spare right now")
-        target, sig = status["spares"][0], signal.SIGKILL
+        fault, target = "kill", status["spares"][0]["process"]
+    elif args.fault in ("kill", "hang"):
+        fault, target = args.fault, slots[rank]["process"]
     else:
-        slots = {m["slot"]: m for m in status["slots"]}
-        if args.rank not in slots:
-            raise SystemExit(
-                f"torchrelay chaos: no rank {args.rank} (world size {status['world_size']})"
-            )
-        target = slots[args.rank]
-        sig = signal.SIGKILL if args.fault == "kill" else signal.SIGSTOP
-    os.kill(target["pid"], sig)
-    print(f"sent {sig.name} to {target['process']} (pid {target['pid']}, slot {target['slot']})")
+        fault = args.fault
+        target = slots[rank]["node"] if rank is not None else f"node{args.node}"
+        if rank is not None:
+            print(f"rank {rank} runs on {target}")
+    client = connect(args.run_dir)
+    try:
+        done = client.chaos(fault, target, getattr(args, "seconds", 0.0))
+    except ControlError as exc:
+        raise SystemExit(f"torchrelay chaos: refused: {exc.message}") from None
+    finally:
+        client.close()
+    if "process" in done:
+        sent = "SIGKILL" if fault == "kill" else "SIGSTOP"
+        print(f"sent {sent} to {done['process']} (pid {done['pid']} on {done['node']})")
+    else:
+        print(
+            f"{fault}: handed to {done['node']}'s agent; the job declares a silent node lost "
+            f"after {done['node_timeout']:.0f} s (see `torchrelay status` and `report`)"
+        )
     return 0

@@ -65,8 +65,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--hang-floor",
         type=float,
         default=10.0,
-        help="a worker silent for max(this, 10 x median step time) seconds is declared hung "
-        "and fenced",
+        help="hang timeout floor: a worker silent, or stuck inside one step, for max(this, "
+        "10 x median step time) seconds is fenced and replaced; if every rank waits that long "
+        "on a collective, the communicator is re-formed",
+    )
+    p.add_argument(
+        "--node-timeout",
+        type=float,
+        default=10.0,
+        help="a node agent unheard of for this many seconds is declared lost (its slots are "
+        "refilled elsewhere); an agent that cannot reach the controller as long kills its "
+        "workers, so an isolated node never comes back with stale state",
     )
     p.add_argument(
         "--run-dir",
@@ -79,7 +88,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="SPEC",
-        help="inject a fault, e.g. kill:rank=2:step=10[:phase=backward] (repeatable)",
+        help="inject a fault, e.g. kill:rank=2:step=10[:phase=backward]; actions kill, hang, "
+        "stall, drop, slow (see `torchrelay chaos --help`; repeatable)",
     )
     p.add_argument("--quiet", action="store_true", help="do not stream worker output")
     p.add_argument("script", help="the training script")
@@ -105,6 +115,11 @@ def config_from_args(args: argparse.Namespace) -> JobConfig:
             "torchrelay run: several nodes need a fixed --rdzv-endpoint HOST:PORT "
             "(the store's port; the controller listens on PORT+1)"
         )
+    if args.node_timeout <= 1.0 or args.hang_floor <= 1.0:
+        raise SystemExit(
+            "torchrelay run: --node-timeout and --hang-floor must exceed 1 s (heartbeats go "
+            "out twice a second; shorter timeouts would fence healthy processes)"
+        )
     world_size = args.nnodes * args.nproc_per_node
     try:
         chaos = parse_schedule(args.chaos, world_size)
@@ -123,6 +138,7 @@ def config_from_args(args: argparse.Namespace) -> JobConfig:
         spare_timeout=args.spare_timeout,
         halt_timeout=args.halt_timeout,
         hang_floor=args.hang_floor,
+        node_timeout=args.node_timeout,
         chaos=chaos,
         master_addr=host,
         master_port=int(port),

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from torchrelay.chaos import ChaosEvent
 from torchrelay.config import JobConfig
+from torchrelay.control.detection import Beat, judge
 from torchrelay.control.planner import (
     PlanningError,
     RecoveryPlan,
@@ -26,7 +27,12 @@ from torchrelay.control.planner import (
     choose_replacements,
     plan_recovery,
 )
+from torchrelay.exits import SELF_FENCED
 from torchrelay.ledger import Ledger
+
+PROCESS_FAULTS = {"kill": signal.SIGKILL, "hang": signal.SIGSTOP}
+# A heartbeat younger than this vouches for a live process (heartbeats go out every 0.5 s).
+FRESH_HEARTBEAT = 2.0
 
 
 class FencedError(RuntimeError):
@@ -42,7 +48,7 @@ class AgentHandle(Protocol):
 
     def start_spare(self) -> None: ...
 
-    def fence(self, process: str) -> None: ...
+    def kill(self, process: str, signum: int = signal.SIGKILL) -> None: ...
 
 
 @dataclass
@@ -60,6 +66,9 @@ class Member:
     valid: bool = True
     last_seen: float = field(default_factory=time.time)
     timings: dict[str, float] = field(default_factory=dict)
+    step_age: float | None = None
+    waiting: float | None = None
+    detection: str = "exit"
     detected_by: str = "process exit (waitpid)"
     error: dict[str, Any] | None = None
     outbox: queue.Queue[dict[str, Any]] = field(default_factory=queue.Queue)
@@ -67,11 +76,12 @@ class Member:
 
 @dataclass
 class Node:
-    """A remote node agent, reached through the commands it watches."""
+    """A remote node agent, reached through the commands it watches; it heartbeats."""
 
     name: str
     outbox: queue.Queue[dict[str, Any]] = field(default_factory=queue.Queue)
     alive: bool = True
+    last_seen: float = field(default_factory=time.time)
 
 
 @dataclass
@@ -110,6 +120,9 @@ class Controller:
         self.stragglers: dict[str, dict[str, Any]] = {}
         self._cond = threading.Condition()
         self._failed: dict[int, dict[str, Any]] = {}
+        self._reform: dict[str, Any] | None = None
+        self._reforms_at: tuple[int, int] = (-1, 0)
+        self._hang_timeout = config.hang_floor
         self._replan: str | None = None
         self._carried: Recovery | None = None
         self._replans = 0
@@ -159,7 +172,11 @@ class Controller:
                 ],
                 "steps_committed": self.highest_committed + 1,
                 "recovering": self._recovery is not None,
-                "hang_timeout": self.hang_timeout(),
+                "hang_timeout": self._hang_timeout,
+                "nodes": {
+                    n.name: {"alive": n.alive, "seconds_since_heartbeat": time.time() - n.last_seen}
+                    for n in self.nodes.values()
+                },
                 "stragglers": list(self.stragglers.values()),
                 "outcome": self.outcome,
             }
@@ -192,7 +209,9 @@ class Controller:
             if self.finished:
                 # A refill spare that comes up after the job ended must not wait forever.
                 member.outbox.put({"type": "finish"})
-            self.ledger.record("process_join", process=process, role=role, slot=slot, pid=pid)
+            self.ledger.record(
+                "process_join", process=process, role=role, slot=slot, pid=pid, node=node
+            )
             return {
                 "world_size": self.config.world_size,
                 "generation": member.generation,
@@ -274,10 +293,13 @@ class Controller:
                 f"fenced out; the job is at generation {self.generation}"
             )
 
-    def _on_progress(self, member: Member, body: dict[str, Any]) -> None:
+    def _on_progress(self, member: Member, body: dict[str, Any]) -> dict[str, Any]:
         for key in ("step_seconds", "compute_seconds"):
             if key in body:
                 member.timings[key] = float(body[key])
+        if "step_age" in body:
+            member.step_age = _seconds(body["step_age"])
+            member.waiting = _seconds(body.get("waiting"))
         step = int(body["step"])
         member.committed = max(member.committed, step)
         self.highest_committed = max(self.highest_committed, step)
@@ -289,6 +311,8 @@ class Controller:
             and body.get("generation") == recovery.plan.generation
         ):
             self._phase_done(recovery, member, "first_step", body)
+        # The worker's lease: it stops on its own if it cannot get a heartbeat through.
+        return {"hang_timeout": self._hang_timeout}
 
     def _on_ready(self, member: Member, body: dict[str, Any]) -> None:
         if member.role != "spare" or member.state != "starting":
@@ -362,7 +386,6 @@ class Controller:
                 self._on_early_exit(process, returncode)
             return
         was = member.state
-        member.state = "dead" if was != "fenced" else "fenced"
         self.ledger.record(
             "process_exit",
             process=process,
@@ -371,6 +394,9 @@ class Controller:
             cause=cause,
             state=was,
         )
+        if was == "fenced":
+            return  # its node was declared lost: its slot was handled then
+        member.state = "dead"
         if self.finished or (was == "done" and returncode == 0):
             self._cond.notify_all()
             return
@@ -408,7 +434,7 @@ class Controller:
 
     def _on_worker_lost(self, member: Member, returncode: int, cause: str) -> None:
         assert member.slot is not None
-        kind = "signal" if returncode < 0 else ("exception" if member.error else "exit")
+        kind = _failure_kind(member, returncode)
         failure = {
             "slot": member.slot,
             "process": member.process,
@@ -419,14 +445,12 @@ class Controller:
             "generation": self.generation,
             "t": time.time(),
             # When it really stopped working: its last sign of life for a hang.
-            "onset": (
-                member.last_seen if member.detected_by.startswith("heartbeat") else time.time()
-            ),
+            "onset": _onset(member),
         }
         if member.error is not None:
             failure["traceback"] = member.error["traceback"]
         self.ledger.record("failure", **failure)
-        if kind != "signal":
+        if kind in ("exception", "exit", "stall"):
             self.bug_restarts += 1
             if self.bug_restarts > self.config.max_restarts:
                 self._fail(
@@ -438,6 +462,9 @@ class Controller:
                 )
                 return
         self._failed[member.slot] = failure
+        self._kick_recovery()
+
+    def _kick_recovery(self) -> None:
         if self._recovery_thread is None:
             self._recovery_thread = threading.Thread(
                 target=self._recover_loop, name="torchrelay-recovery", daemon=True
@@ -452,21 +479,20 @@ class Controller:
                 raise ProtocolError(f"node {node!r} is already part of the job")
             self.nodes[node] = Node(node)
             self.ledger.record("node_join", node=node)
-            return {"world_size": self.config.world_size}
+            return {"world_size": self.config.world_size, "node_timeout": self.config.node_timeout}
 
     def watch_node(self, node: str, active: Callable[[], bool]) -> Iterator[dict[str, Any]]:
-        """Commands for a node agent (start_spare, fence, finish).
+        """Commands for a node agent (start_spare, fence, chaos, finish).
 
-        When the stream ends without a ``finish`` -- the agent died or its node dropped off the
-        network -- every process of that node is declared lost in one go.
+        When the stream ends without a ``finish`` -- the agent died -- every process of that
+        node is declared lost in one go. A node cut off by the network may keep its stream
+        open for minutes: its heartbeats stopping is what declares it lost then, and that also
+        ends this stream.
         """
-        with self._cond:
-            if node not in self.nodes:
-                raise ProtocolError(f"node {node!r} never joined")
-            entry = self.nodes[node]
+        entry = self._node(node)
         finished = False
         try:
-            while active():
+            while active() and entry.alive:
                 try:
                     command = entry.outbox.get(timeout=0.5)
                 except queue.Empty:
@@ -477,39 +503,107 @@ class Controller:
                     return
         finally:
             if not finished:
-                self._node_lost(entry)
+                with self._cond:
+                    self._node_lost(entry, "its agent's connection closed")
 
-    def node_exit(self, node: str, process: str, returncode: int) -> None:
-        """A remote agent saw one of its processes exit."""
-        with self._cond:
-            if node not in self.nodes:
-                raise ProtocolError(f"node {node!r} never joined")
-        self.on_exit(process, returncode)
+    def node_report(self, node: str, kind: str, body: dict[str, Any]) -> dict[str, Any]:
+        """A remote agent's heartbeat, a process exit it saw, or the start of a chaos drill.
 
-    def _node_lost(self, entry: Node) -> None:
+        Raises :class:`FencedError` once the node was declared lost: its agent must stop its
+        workers instead of bringing stale replicas back.
+        """
+        entry = self._node(node)
         with self._cond:
-            if not entry.alive or self.finished:
-                return
-            entry.alive = False
-            lost = [
-                m
-                for m in self.members.values()
-                if m.node == entry.name and m.state not in ("dead", "fenced")
-            ]
-            self.ledger.record("node_lost", node=entry.name, processes=[m.process for m in lost])
-            for member in lost:
-                member.detected_by = f"node {entry.name} lost (its agent's connection closed)"
-                self._on_exit_locked(member.process, -signal.SIGKILL, cause="node lost")
-                # Nobody can kill them there: refuse anything they may still send.
-                member.state = "fenced"
+            if not entry.alive:
+                self.ledger.record("fenced_refused", node=node, kind=kind)
+                raise FencedError(
+                    f"node {node} was declared lost ({entry.name} unheard of for more than "
+                    f"{self.config.node_timeout:.0f} s); its slots were handed to others"
+                )
+            entry.last_seen = time.time()
+            if kind == "exit":
+                self._on_exit_locked(
+                    str(body["exited"]),
+                    int(body["returncode"]),
+                    _describe_exit(int(body["returncode"])),
+                )
+            elif kind == "chaos":
+                details = {k: v for k, v in body.items() if k not in ("node", "kind", "process")}
+                self.ledger.record("chaos_injected", node=node, **details)
+            elif kind != "heartbeat":
+                raise ProtocolError(f"unknown node report kind {kind!r}")
+            return {}
+
+    def inject(self, fault: str, target: str, seconds: float = 0.0) -> dict[str, Any]:
+        """An operator's drill (``torchrelay chaos``), carried out by the target's node agent.
+
+        ``kill`` and ``hang`` send SIGKILL / SIGSTOP to the process ``target``; ``partition``
+        and ``kill-node`` act on the node ``target``. The controller's own node is refused
+        for those, since losing it ends the job (the controller is not replicated).
+        """
+        if fault in PROCESS_FAULTS:
+            with self._cond:
+                member = self._member(target)
+                if member.state in ("dead", "fenced"):
+                    raise ProtocolError(f"{target} is not running ({member.state})")
+                self.ledger.record("chaos_requested", fault=fault, process=target)
+                self._signal(target, PROCESS_FAULTS[fault])
+                return {"process": target, "node": member.node, "pid": member.pid}
+        if fault not in ("partition", "kill-node"):
+            raise ProtocolError(f"unknown fault {fault!r}")
+        node = target
+        if node == self.local_node:
+            raise ProtocolError(
+                f"{node} hosts the controller: cutting or killing it ends the job, there is "
+                "nothing to recover to; drill another node"
+            )
+        entry = self._node(node)
+        with self._cond:
+            if not entry.alive:
+                raise ProtocolError(f"{node} is already lost")
+            if fault == "partition" and not 1.0 <= seconds <= 3600.0:
+                raise ProtocolError("a partition lasts between 1 and 3600 seconds")
+            self.ledger.record("chaos_requested", fault=fault, node=node, seconds=seconds)
+            entry.outbox.put({"type": "chaos", "fault": fault, "seconds": seconds})
+            return {"node": node, "fault": fault, "node_timeout": self.config.node_timeout}
+
+    def _node(self, node: str) -> Node:
+        with self._cond:
+            entry = self.nodes.get(node)
+        if entry is None:
+            raise ProtocolError(f"node {node!r} never joined")
+        return entry
+
+    def _node_lost(self, entry: Node, reason: str) -> None:
+        if not entry.alive or self.finished:
+            return
+        entry.alive = False
+        lost = [
+            m
+            for m in self.members.values()
+            if m.node == entry.name and m.state not in ("dead", "fenced")
+        ]
+        self.ledger.record(
+            "node_lost", node=entry.name, reason=reason, processes=[m.process for m in lost]
+        )
+        for member in lost:
+            member.detection = "node"
+            member.detected_by = f"node {entry.name} lost ({reason})"
+            self._on_exit_locked(member.process, -signal.SIGKILL, cause="node lost")
+            # Nobody here can kill them: refuse anything they may still send.
+            member.state = "fenced"
 
     def _fence(self, process: str) -> None:
+        self._signal(process, signal.SIGKILL)
+
+    def _signal(self, process: str, signum: int) -> None:
+        """Have the agent of ``process``'s node send it ``signum``."""
         member = self.members.get(process)
         node = member.node if member is not None else self.local_node
         if node == self.local_node:
-            self.agent.fence(process)
+            self.agent.kill(process, signum)
         elif self.nodes[node].alive:
-            self.nodes[node].outbox.put({"type": "fence", "process": process})
+            self.nodes[node].outbox.put({"type": "signal", "process": process, "signal": signum})
 
     def _start_spare(self) -> None:
         """Start a spare on the live node that runs the fewest processes (local on ties)."""
@@ -539,7 +633,10 @@ class Controller:
         with self._cond:
             while not self.finished:
                 self._cond.wait(interval)
-                self._check_hangs(time.time())
+                now = time.time()
+                self._hang_timeout = self.hang_timeout()
+                self._check_nodes(now)
+                self._check_liveness(now)
                 self._check_stragglers()
 
     def hang_timeout(self) -> float:
@@ -550,24 +647,74 @@ class Controller:
         median = statistics.median(steps) if steps else 0.0
         return max(self.config.hang_floor, self.config.hang_factor * median)
 
-    def _check_hangs(self, now: float) -> None:
-        timeout = self.hang_timeout()
-        for member in self._slot_members():
-            silent = now - member.last_seen
-            if member.state in ("dead", "fenced", "fencing") or silent <= timeout:
-                continue
-            member.state = "fencing"
-            member.detected_by = (
-                f"heartbeat silent for {silent:.1f} s (hang timeout {timeout:.1f} s)"
+    def _check_nodes(self, now: float) -> None:
+        for entry in self.nodes.values():
+            silent = now - entry.last_seen
+            if entry.alive and silent > self.config.node_timeout:
+                self._node_lost(
+                    entry,
+                    f"no heartbeat for {silent:.1f} s, node timeout "
+                    f"{self.config.node_timeout:.1f} s: crashed or cut off",
+                )
+
+    def _check_liveness(self, now: float) -> None:
+        """Fence hung and stalled workers; re-form the group around a lost collective."""
+        watched = [m for m in self._slot_members() if m.state not in ("dead", "fenced", "fencing")]
+        # Until a step has been timed, a slow first step (compilation, warm-up) is no stall.
+        timed = any("step_seconds" in m.timings for m in watched)
+        beats = []
+        for m in watched:
+            assert m.slot is not None
+            step_age, waiting = (m.step_age, m.waiting) if timed else (None, None)
+            beats.append(Beat(m.slot, now - m.last_seen, step_age, waiting))
+        verdict = judge(beats, self._hang_timeout, FRESH_HEARTBEAT)
+        for member in watched:
+            for detection, reasons in (("heartbeat", verdict.hung), ("stall", verdict.stalled)):
+                if member.slot in reasons:
+                    member.state, member.detection = "fencing", detection
+                    member.detected_by = reasons[member.slot]
+                    self.ledger.record(
+                        "hang_detected",
+                        process=member.process,
+                        slot=member.slot,
+                        detection=detection,
+                        reason=reasons[member.slot],
+                        silent_seconds=now - member.last_seen,
+                        timeout=self._hang_timeout,
+                    )
+                    self._fence(member.process)
+        quiet = not self._failed and self._recovery is None and self._reform is None
+        if verdict.lost_collective is not None and quiet and len(watched) == len(self.assignments):
+            self._on_collective_lost(verdict.lost_collective, now, watched)
+
+    def _on_collective_lost(self, reason: str, now: float, members: list[Member]) -> None:
+        """Abort the step everywhere and re-form the same members (nobody is replaced)."""
+        step = self.highest_committed + 1
+        at, count = self._reforms_at
+        count = count + 1 if at == step else 1
+        self._reforms_at = (step, count)
+        failure = {
+            "slot": None,
+            "process": f"collective@g{self.generation}",
+            "last_reported_step": self.highest_committed,
+            "cause": "collective never completed",
+            "kind": "collective",
+            "detected_by": reason,
+            "generation": self.generation,
+            "t": now,
+            "onset": now - max(m.waiting or 0.0 for m in members),
+        }
+        self.ledger.record("failure", **failure)
+        if count > self.config.max_restarts:
+            self._fail(
+                f"the collectives of step {step} never completed, even after re-forming the "
+                f"communicator {count - 1} time(s) (max restarts {self.config.max_restarts}): "
+                "a deterministic deadlock (mismatched collectives across ranks?) or a broken "
+                "network path"
             )
-            self.ledger.record(
-                "hang_detected",
-                process=member.process,
-                slot=member.slot,
-                silent_seconds=silent,
-                timeout=timeout,
-            )
-            self._fence(member.process)
+            return
+        self._reform = failure
+        self._kick_recovery()
 
     def _check_stragglers(self) -> None:
         compute = {
@@ -598,7 +745,7 @@ class Controller:
         try:
             while True:
                 with self._cond:
-                    if not (self._failed or self._replan) or self.finished:
+                    if not (self._failed or self._replan or self._reform) or self.finished:
                         self._recovery_thread = None
                         return
                 self._recover_once()
@@ -618,8 +765,10 @@ class Controller:
                     )
                     return
             self._replan = None
+            reform, self._reform = self._reform, None
             previous, self._carried = self._carried, None
             merged = (previous.failures if previous else []) + list(failures.values())
+            merged += [reform] if reform is not None else []
             recovery = Recovery(merged, min((f["t"] for f in merged), default=time.time()))
             if previous is not None:
                 recovery.in_flight = set(previous.in_flight)
@@ -823,3 +972,27 @@ def _describe_exit(returncode: int) -> str:
         except ValueError:
             return f"signal {-returncode}"
     return f"exit code {returncode}"
+
+
+def _seconds(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _failure_kind(member: Member, returncode: int) -> str:
+    """``stall`` and script failures count against ``--max-restarts``; the others do not."""
+    if member.detection == "stall":
+        return "stall"
+    if returncode in SELF_FENCED:
+        return "fenced"
+    if returncode < 0:
+        return "signal"
+    return "exception" if member.error else "exit"
+
+
+def _onset(member: Member) -> float:
+    """When the failed member really stopped being useful (for the stall accounting)."""
+    if member.detection in ("heartbeat", "node"):
+        return member.last_seen  # its last sign of life
+    if member.detection == "stall" and member.step_age is not None:
+        return member.last_seen - member.step_age
+    return time.time()

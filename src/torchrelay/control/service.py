@@ -1,7 +1,9 @@
 """The control RPC: a gRPC service carrying sealed JSON messages (see :mod:`wire`).
 
-Three methods: ``Join`` and ``Report`` (unary) and ``Watch`` (server stream of abort / plan /
-finish messages for one process). Requests and responses are both sealed with the job token;
+Workers use ``Join`` and ``Report`` (unary) and ``Watch`` (a server stream of abort / plan /
+finish messages for one process); remote node agents use ``NodeJoin``, ``NodeReport``
+(heartbeats, process exits) and ``NodeWatch`` (start_spare / fence / chaos / finish);
+operators use ``Status`` and ``Chaos``. Requests and responses are both sealed with the job token;
 a request that fails authentication is rejected with ``UNAUTHENTICATED`` and changes nothing.
 """
 
@@ -55,7 +57,18 @@ class ControlServer:
             "NodeJoin": grpc.unary_unary_rpc_method_handler(
                 self._unary(lambda body: self.controller.join_node(str(body["node"])))
             ),
-            "NodeExit": grpc.unary_unary_rpc_method_handler(self._unary(self._node_exit)),
+            "NodeReport": grpc.unary_unary_rpc_method_handler(
+                self._unary(
+                    lambda body: controller.node_report(str(body["node"]), str(body["kind"]), body)
+                )
+            ),
+            "Chaos": grpc.unary_unary_rpc_method_handler(
+                self._unary(
+                    lambda body: controller.inject(
+                        str(body["fault"]), str(body["target"]), float(body.get("seconds", 0.0))
+                    )
+                )
+            ),
             "NodeWatch": grpc.unary_stream_rpc_method_handler(
                 self._stream(lambda body, active: controller.watch_node(str(body["node"]), active))
             ),
@@ -107,10 +120,6 @@ class ControlServer:
     def _report(self, body: dict[str, Any]) -> dict[str, Any]:
         return self.controller.report(str(body["process"]), str(body["kind"]), body)
 
-    def _node_exit(self, body: dict[str, Any]) -> dict[str, Any]:
-        self.controller.node_exit(str(body["node"]), str(body["exited"]), int(body["returncode"]))
-        return {}
-
     def _stream(
         self, messages: Callable[[dict[str, Any], Callable[[], bool]], Iterator[dict[str, Any]]]
     ) -> Callable[[bytes, grpc.ServicerContext], Iterator[bytes]]:
@@ -139,7 +148,8 @@ class ControlClient:
         self._watch = self._channel.unary_stream(f"/{SERVICE}/Watch")
         self._status = self._channel.unary_unary(f"/{SERVICE}/Status")
         self._node_join = self._channel.unary_unary(f"/{SERVICE}/NodeJoin")
-        self._node_exit = self._channel.unary_unary(f"/{SERVICE}/NodeExit")
+        self._node_report = self._channel.unary_unary(f"/{SERVICE}/NodeReport")
+        self._chaos = self._channel.unary_unary(f"/{SERVICE}/Chaos")
         self._node_watch = self._channel.unary_stream(f"/{SERVICE}/NodeWatch")
 
     def _call(self, method: Any, body: dict[str, Any], timeout: float) -> dict[str, Any]:
@@ -173,10 +183,14 @@ class ControlClient:
     def node_join(self, node: str, timeout: float = 60.0) -> dict[str, Any]:
         return self._call(self._node_join, {"node": node}, timeout)
 
-    def node_exit(self, node: str, process: str, returncode: int) -> None:
-        self._call(
-            self._node_exit, {"node": node, "exited": process, "returncode": returncode}, 30.0
-        )
+    def node_report(self, node: str, kind: str, timeout: float = 30.0, **body: Any) -> None:
+        """A node agent's heartbeat (``kind="heartbeat"``), process exit or chaos notice."""
+        self._call(self._node_report, {"node": node, "kind": kind, **body}, timeout)
+
+    def chaos(self, fault: str, target: str, seconds: float = 0.0) -> dict[str, Any]:
+        """Have the agent of ``target`` (a process or a node) inject ``fault`` (operators)."""
+        body = {"fault": fault, "target": target, "seconds": seconds}
+        return self._call(self._chaos, body, 10.0)
 
     def node_watch(self, node: str) -> Iterator[dict[str, Any]]:
         """Commands for a node agent; raises :class:`ControlError` if the stream breaks."""

@@ -100,7 +100,8 @@ def render_text(summary: dict[str, Any]) -> str:
         f"zero-loss recoveries: {summary['zero_loss_recoveries']}/{len(failures)}",
     ]
     for f in failures:
-        head = f"  - rank {f['rank']} step {f['step']}: {f['cause']} ({f['detected_by']})"
+        who = "all ranks" if f["rank"] is None else f"rank {f['rank']}"
+        head = f"  - {who} step {f['step']}: {f['cause']} ({f['detected_by']})"
         if not f["recovered"]:
             lines.append(head + " -- not recovered")
             continue

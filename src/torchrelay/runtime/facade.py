@@ -65,6 +65,7 @@ class StableProcessGroup(dist.ProcessGroup):
         self._inner: dist.ProcessGroup | None = None
         self._force_local = 0
         self._local_lock = threading.Lock()
+        self._silenced = False
         self.after_allreduce_launch: Callable[[], None] | None = None
 
     # ------------------------------------------------------------- identity
@@ -84,7 +85,14 @@ class StableProcessGroup(dist.ProcessGroup):
     def bind(self, inner: dist.ProcessGroup, rank: int) -> dist.ProcessGroup | None:
         """Route collectives to ``inner`` as ``rank``; return the group it replaces."""
         previous, self._inner, self._rank = self._inner, inner, rank
+        self._silenced = False
         return previous
+
+    def silence(self) -> None:
+        """Fault injection: until the next :meth:`bind`, collectives are never sent and never
+        complete (unless the generation is aborted), like a communicator that silently stopped
+        delivering. Only the controller's lost-collective detection can cure this."""
+        self._silenced = True
 
     @contextlib.contextmanager
     def local(self) -> Iterator[None]:
@@ -170,6 +178,8 @@ class StableProcessGroup(dist.ProcessGroup):
         ticket = guard.track(settle)
         if ticket is None:
             settle(False, "generation aborted")
+            return _create_work_from_future(future)
+        if self._silenced:
             return _create_work_from_future(future)
         try:
             work = launch(inner, scratch)

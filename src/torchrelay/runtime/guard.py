@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -30,7 +31,7 @@ class StepGuard:
         self.optimizer_applied = False
         self._aborted = False
         self._aborted_upto = -1
-        self._pending: dict[int, Callable[[bool], None]] = {}
+        self._pending: dict[int, tuple[float, Callable[[bool], None]]] = {}
         self._next_id = 0
 
     @property
@@ -67,10 +68,16 @@ class StepGuard:
             self._aborted = True
             if self.poison_reason is None:
                 self.poison_reason = f"generation {generation} aborted by the controller"
-            pending = list(self._pending.values())
+            pending = [settle for _, settle in self._pending.values()]
             self._pending.clear()
         for settle in pending:
             settle(False)
+
+    def oldest_wait(self) -> float | None:
+        """Seconds the oldest pending collective has waited (``None``: nothing pending)."""
+        with self._lock:
+            started = min((t for t, _ in self._pending.values()), default=None)
+        return None if started is None else time.monotonic() - started
 
     def wait_works(self, works: list[Any], after_each: Callable[[int], None]) -> None:
         """Wait for point-to-point works (which have no futures in gloo) unless aborted first.
@@ -108,7 +115,7 @@ class StepGuard:
             if self._aborted:
                 return None
             self._next_id += 1
-            self._pending[self._next_id] = settle
+            self._pending[self._next_id] = (time.monotonic(), settle)
             return self._next_id
 
     def untrack(self, ticket: int) -> None:

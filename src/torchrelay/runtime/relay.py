@@ -31,7 +31,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from torchrelay.chaos import ChaosEvent
+from torchrelay.control.lease import HEARTBEAT_RPC_TIMEOUT, keep_alive
 from torchrelay.control.service import ControlClient, ControlError
+from torchrelay.exits import EXIT_CONTROLLER_LOST, EXIT_FENCED
 from torchrelay.runtime.data import step_loader
 from torchrelay.runtime.env import RelayEnv
 from torchrelay.runtime.facade import StableProcessGroup, new_gloo_group
@@ -41,9 +43,9 @@ from torchrelay.runtime.timing import StepTimer
 from torchrelay.runtime.tracked import TrackedState, TrackingError
 from torchrelay.transfer.engine import receive_state, schema_key, send_state
 
-EXIT_FENCED = 70
-EXIT_CONTROLLER_LOST = 75
-HEARTBEAT_INTERVAL = 0.5
+# A worker that has not got a heartbeat through for this many hang timeouts leaves on its own:
+# by then the controller has fenced it and handed its slot to another process.
+LEASE_FACTOR = 2.0
 KEY_POLL = datetime.timedelta(milliseconds=200)
 
 
@@ -158,6 +160,7 @@ class Relay:
             yield step, (next(batches) if batches is not None else None)
             self._current_step = None
             if self.guard.poisoned and not self.guard.optimizer_applied:
+                self.timer.abandon()
                 self.tracked.restore(snapshot)
                 for opt in self.tracked.optimizers():
                     opt.zero_grad(set_to_none=True)
@@ -356,7 +359,16 @@ class Relay:
                 time.sleep(event.seconds)
             elif event.step == step and event.phase == phase and event.action != "slow":
                 self._report("chaos_fired", id=event.id)
-                os.kill(os.getpid(), signal.SIGKILL if event.action == "kill" else signal.SIGSTOP)
+                self._inject(event.action)
+
+    def _inject(self, action: str) -> None:
+        if action == "drop":
+            self.process_group.silence()
+        elif action == "stall":
+            # The training thread blocks for good; the heartbeat thread goes on.
+            threading.Event().wait()
+        else:
+            os.kill(os.getpid(), signal.SIGKILL if action == "kill" else signal.SIGSTOP)
 
     # ------------------------------------------------------------------ control plane
     def _report(self, kind: str, **body: Any) -> dict[str, Any]:
@@ -377,18 +389,36 @@ class Relay:
                 _die_on_control_error(exc)
 
     def _heartbeat(self) -> None:
-        """Sign of life and progress, off the training thread (never on the critical path)."""
-        while not self._closing.wait(HEARTBEAT_INTERVAL):
-            try:
-                self._client.report(
-                    "progress",
-                    generation=self.generation,
-                    step=self.committed,
-                    **self.timer.medians(),
-                )
-            except ControlError as exc:
-                if not self._closing.is_set():
-                    _die_on_control_error(exc)
+        """Sign of life and progress, off the training thread (never on the critical path).
+
+        Also a lease (see :mod:`torchrelay.control.lease`): a worker whose heartbeats have not
+        got through for ``LEASE_FACTOR`` hang timeouts -- a network partition -- exits, so an
+        isolated replica never outlives its fencing.
+        """
+
+        def beat() -> float:
+            reply = self._client.report(
+                "progress",
+                timeout=HEARTBEAT_RPC_TIMEOUT,
+                generation=self.generation,
+                step=self.committed,
+                step_age=self.timer.step_age(),
+                waiting=self.guard.oldest_wait(),
+                **self.timer.medians(),
+            )
+            return LEASE_FACTOR * float(reply["hang_timeout"])
+
+        def expired(silence: float, lease: float, error: ControlError) -> None:
+            print(
+                f"torchrelay: no heartbeat reached the controller for {silence:.1f} s (lease "
+                f"{lease:.1f} s, last error {error.code}); this replica is presumed replaced "
+                "and stops here",
+                file=sys.stderr,
+                flush=True,
+            )
+            os._exit(EXIT_FENCED)
+
+        keep_alive(beat, self._closing, _die_on_control_error, expired)
 
 
 def _die_on_control_error(exc: ControlError) -> None:

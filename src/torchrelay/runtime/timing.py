@@ -20,15 +20,26 @@ class StepTimer:
         self._compute: deque[float] = deque(maxlen=window)
         self._started = 0.0
         self._last_launch = 0.0
+        self._running = False
 
     def start(self) -> None:
         self._started = self._last_launch = time.perf_counter()
+        self._running = True
+
+    def abandon(self) -> None:
+        """The step in flight was dropped: it is not timed, and no step is running."""
+        self._running = False
+
+    def step_age(self) -> float | None:
+        """Seconds since the running step began (``None`` between steps); any thread may ask."""
+        return time.perf_counter() - self._started if self._running else None
 
     def collective_launched(self) -> None:
         self._last_launch = time.perf_counter()
 
     def commit(self) -> None:
         now = time.perf_counter()
+        self._running = False
         self._steps.append(now - self._started)
         self._compute.append(self._last_launch - self._started)
 
