@@ -60,3 +60,17 @@ def test_slow_needs_seconds():
     assert parse_chaos("slow:rank=1:step=3:seconds=0.2", 0).seconds == 0.2
     with pytest.raises(ChaosSpecError, match="seconds"):
         parse_chaos("slow:rank=1:step=3", 0)
+
+
+def test_node_faults_name_a_node_not_a_rank():
+    cut = parse_chaos("partition:node=1:step=40:seconds=20", 0)
+    assert (cut.action, cut.node, cut.step, cut.seconds, cut.rank) == ("partition", 1, 40, 20, -1)
+    assert parse_chaos("kill-node:node=2:step=5", 1).node == 2
+    with pytest.raises(ChaosSpecError, match="takes node="):
+        parse_chaos("kill-node:rank=1:step=5", 0)
+    with pytest.raises(ChaosSpecError, match="seconds"):
+        parse_chaos("partition:node=1:step=5", 0)
+    with pytest.raises(ChaosSpecError, match="node 0 hosts the controller"):
+        parse_schedule(["kill-node:node=0:step=5"], world_size=4, nnodes=2)
+    with pytest.raises(ChaosSpecError, match="has 2 node"):
+        parse_schedule(["kill-node:node=2:step=5"], world_size=4, nnodes=2)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
+from torchrelay.chaos import parse_schedule
 from torchrelay.config import JobConfig
 from torchrelay.control.controller import Controller
 from torchrelay.control.service import SERVICE, ControlClient, ControlError, ControlServer
@@ -169,3 +170,21 @@ def test_operator_drills_are_routed_and_bad_ones_refused(job):
         "fault": "partition",
         "seconds": 5.0,
     }
+
+
+def test_scheduled_node_fault_goes_to_the_node_agent_at_its_step(job):
+    controller, _, client, run_dir, _ = job
+    controller.chaos_pending = {
+        e.id: e for e in parse_schedule(["kill-node:node=1:step=5"], world_size=2, nnodes=2)
+    }
+    client("agent@node1").node_join("node1")
+    worker = client("worker0")
+    joined = worker.join("worker", 1, "node0", 0)
+    assert joined["chaos"] == []  # node faults are the controller's, never a worker's
+    worker.report("progress", generation=0, step=3)
+    assert controller.nodes["node1"].outbox.empty()
+    worker.report("progress", generation=0, step=4)  # the job now runs step 5
+    assert controller.nodes["node1"].outbox.get_nowait()["fault"] == "kill-node"
+    fired = [e for e in read_ledger(run_dir / "ledger.jsonl") if e["event"] == "chaos_fired"]
+    assert [(e["action"], e["node"]) for e in fired] == [("kill-node", 1)]
+    assert not controller.chaos_pending

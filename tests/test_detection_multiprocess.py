@@ -36,6 +36,14 @@ def test_stopped_worker_is_detected_by_silence_fenced_and_replaced(tmp_path, ref
     assert failure["stall_seconds"] >= 2.0 > failure["recovery_seconds"]
 
 
+def test_worker_frozen_in_a_gil_holding_call_is_detected_by_silence(tmp_path, reference_weights):
+    job = run_job(tmp_path, chaos=("freeze:rank=2:step=5",), steps=STEPS, launcher_args=FAST_HANG)
+    summary = _assert_clean_recoveries(job, failures=1)
+    assert_bitwise_equal(job.weights(), reference_weights(STEPS))
+    (failure,) = summary["failures"]
+    assert failure["rank"] == 2 and "heartbeat silent" in failure["detected_by"]
+
+
 @pytest.mark.parametrize(
     "second",
     ["kill:rank=0:step=4:phase=transfer", "kill:rank=1:step=4:phase=transfer"],

@@ -10,6 +10,8 @@ A spec is ``ACTION:key=value:key=value``. Supported now:
   state transfer of a recovery that resumes at step ``S``: a failure during recovery.
 - ``hang:rank=R:step=S[:phase=...]`` -- SIGSTOP it instead: the process is alive but silent, its
   peers block in the collective; only hang detection can cure this.
+- ``freeze:rank=R:step=S[:phase=...]`` -- it enters a C call that holds the GIL for good: the
+  process is running, but none of its threads (heartbeats included) gets to run.
 - ``slow:rank=R:step=S:seconds=X`` -- from step ``S`` on, that rank computes ``X`` seconds
   longer per step (a straggler: degraded GPU, thermal throttling).
 - ``stall:rank=R:step=S[:phase=...]`` -- its training thread blocks for good while its
@@ -19,8 +21,13 @@ A spec is ``ACTION:key=value:key=value``. Supported now:
   collectives are never sent and never complete, every rank waits, every rank heartbeats (a
   collective that never returns). Cured by re-forming the communicator with the same members.
 
+- ``kill-node:node=N:step=S`` and ``partition:node=N:step=S:seconds=X`` -- once the job reaches
+  step ``S``, node ``N``'s agent SIGKILLs its whole node / cuts its network for ``X`` seconds
+  (the same drills as ``torchrelay chaos kill-node|partition``).
+
 Each event fires at most once per job: the worker reports it to the controller right before
-it kills itself, and replacements are never handed a fired event.
+it kills itself (the controller fires node faults itself), and replacements are never handed
+a fired event.
 """
 
 from __future__ import annotations
@@ -29,7 +36,14 @@ import random
 from dataclasses import asdict, dataclass
 
 PHASES = ("forward", "backward", "transfer")
-ACTIONS = ("kill", "hang", "slow", "stall", "drop")
+PROCESS_ACTIONS = ("kill", "hang", "freeze", "slow", "stall", "drop")
+NODE_ACTIONS = ("kill-node", "partition")
+ACTIONS = PROCESS_ACTIONS + NODE_ACTIONS
+USAGE = (
+    "expected kill|hang|freeze|stall:rank=R:step=S[:phase=forward|backward|transfer], "
+    "drop:rank=R:step=S, slow:rank=R:step=S:seconds=X, kill-node:node=N:step=S or "
+    "partition:node=N:step=S:seconds=X; e.g. kill:rank=1:step=10"
+)
 
 
 class ChaosSpecError(ValueError):
@@ -38,7 +52,8 @@ class ChaosSpecError(ValueError):
 
 @dataclass(frozen=True)
 class ChaosEvent:
-    """One injected fault: ``action`` on the worker of ``rank`` inside ``step``, at ``phase``."""
+    """One injected fault: ``action`` on the worker of ``rank`` inside ``step``, at ``phase``;
+    or, for a node fault, on node ``node`` once the job reaches ``step`` (``rank`` is -1)."""
 
     id: int
     action: str
@@ -46,6 +61,7 @@ class ChaosEvent:
     step: int
     phase: str = "forward"
     seconds: float = 0.0
+    node: int = -1
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -59,54 +75,63 @@ class ChaosEvent:
             step=int(data["step"]),  # type: ignore[arg-type]
             phase=str(data.get("phase", "forward")),
             seconds=float(data.get("seconds", 0.0)),  # type: ignore[arg-type]
+            node=int(data.get("node", -1)),  # type: ignore[arg-type]
         )
 
 
 def parse_chaos(spec: str, event_id: int) -> ChaosEvent:
     """Parse one spec such as ``kill:rank=2:step=10:phase=backward``."""
-    usage = (
-        "expected kill|hang|stall:rank=R:step=S[:phase=forward|backward|transfer], "
-        "drop:rank=R:step=S or slow:rank=R:step=S:seconds=X, e.g. kill:rank=1:step=10"
-    )
     action, *fields = spec.strip().split(":")
     if action not in ACTIONS:
-        raise ChaosSpecError(f"chaos spec {spec!r}: unknown action {action!r}; {usage}")
+        raise ChaosSpecError(f"chaos spec {spec!r}: unknown action {action!r}; {USAGE}")
     values: dict[str, str] = {}
     for field in fields:
         key, sep, value = field.partition("=")
-        if not sep or key not in ("rank", "step", "phase", "seconds"):
-            raise ChaosSpecError(f"chaos spec {spec!r}: bad field {field!r}; {usage}")
+        if not sep or key not in ("rank", "node", "step", "phase", "seconds"):
+            raise ChaosSpecError(f"chaos spec {spec!r}: bad field {field!r}; {USAGE}")
         values[key] = value
-    if "rank" not in values or "step" not in values:
-        raise ChaosSpecError(f"chaos spec {spec!r}: rank and step are required; {usage}")
+    target = "node" if action in NODE_ACTIONS else "rank"
+    wrong = {"rank", "phase"} & values.keys() if target == "node" else {"node"} & values.keys()
+    if wrong:
+        raise ChaosSpecError(f"chaos spec {spec!r}: {action} takes {target}=, not {sorted(wrong)}")
+    if target not in values or "step" not in values:
+        raise ChaosSpecError(f"chaos spec {spec!r}: {target} and step are required; {USAGE}")
     try:
-        rank, step = int(values["rank"]), int(values["step"])
+        where, step = int(values[target]), int(values["step"])
+        seconds = float(values.get("seconds", "0"))
     except ValueError:
-        raise ChaosSpecError(f"chaos spec {spec!r}: rank and step must be integers") from None
+        raise ChaosSpecError(
+            f"chaos spec {spec!r}: {target} and step must be integers, seconds a number"
+        ) from None
     phase = values.get("phase", "forward")
     if phase not in PHASES:
         raise ChaosSpecError(f"chaos spec {spec!r}: phase must be one of {PHASES}")
-    if rank < 0 or step < 0:
-        raise ChaosSpecError(f"chaos spec {spec!r}: rank and step must be >= 0")
-    try:
-        seconds = float(values.get("seconds", "0"))
-    except ValueError:
-        raise ChaosSpecError(f"chaos spec {spec!r}: seconds must be a number") from None
+    if where < 0 or step < 0:
+        raise ChaosSpecError(f"chaos spec {spec!r}: {target} and step must be >= 0")
     if action == "drop" and phase != "forward":
         raise ChaosSpecError(f"chaos spec {spec!r}: drop takes no phase (it starts at the step)")
-    if (action == "slow") != (seconds > 0):
-        raise ChaosSpecError(f"chaos spec {spec!r}: seconds=X (> 0) goes with slow, only")
-    return ChaosEvent(event_id, action, rank, step, phase, seconds)
+    if (action in ("slow", "partition")) != (seconds > 0):
+        raise ChaosSpecError(
+            f"chaos spec {spec!r}: seconds=X (> 0) goes with slow and partition, only"
+        )
+    if target == "node":
+        return ChaosEvent(event_id, action, -1, step, seconds=seconds, node=where)
+    return ChaosEvent(event_id, action, where, step, phase, seconds)
 
 
-def parse_schedule(specs: list[str], world_size: int) -> list[ChaosEvent]:
-    """Parse every ``--chaos`` flag; reject ranks outside the job."""
+def parse_schedule(specs: list[str], world_size: int, nnodes: int = 1) -> list[ChaosEvent]:
+    """Parse every ``--chaos`` flag; reject ranks and nodes outside the job, and node 0."""
     events = [parse_chaos(spec, i) for i, spec in enumerate(specs)]
     for event in events:
         if event.rank >= world_size:
             raise ChaosSpecError(
-                f"chaos event kill:rank={event.rank} targets a rank outside the job "
+                f"chaos event {event.action}:rank={event.rank} targets a rank outside the job "
                 f"(world size {world_size})"
+            )
+        if event.action in NODE_ACTIONS and not 0 < event.node < nnodes:
+            raise ChaosSpecError(
+                f"chaos event {event.action}:node={event.node}: node faults target nodes 1.."
+                f"{nnodes - 1} (node 0 hosts the controller; this job has {nnodes} node(s))"
             )
     return events
 

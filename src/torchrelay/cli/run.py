@@ -89,7 +89,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         default=[],
         metavar="SPEC",
         help="inject a fault, e.g. kill:rank=2:step=10[:phase=backward]; actions kill, hang, "
-        "stall, drop, slow (see `torchrelay chaos --help`; repeatable)",
+        "freeze, stall, drop, slow, kill-node, partition (README: Fault drills; repeatable)",
     )
     p.add_argument("--quiet", action="store_true", help="do not stream worker output")
     p.add_argument("script", help="the training script")
@@ -122,7 +122,7 @@ def config_from_args(args: argparse.Namespace) -> JobConfig:
         )
     world_size = args.nnodes * args.nproc_per_node
     try:
-        chaos = parse_schedule(args.chaos, world_size)
+        chaos = parse_schedule(args.chaos, world_size, args.nnodes)
     except ChaosSpecError as exc:
         raise SystemExit(f"torchrelay run: {exc}") from None
     run_dir = args.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S")

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from torchrelay.chaos import ChaosEvent
+from torchrelay.chaos import NODE_ACTIONS, ChaosEvent
 from torchrelay.config import JobConfig
 from torchrelay.control.detection import Beat, judge
 from torchrelay.control.planner import (
@@ -302,7 +302,9 @@ class Controller:
             member.waiting = _seconds(body.get("waiting"))
         step = int(body["step"])
         member.committed = max(member.committed, step)
-        self.highest_committed = max(self.highest_committed, step)
+        if step > self.highest_committed:
+            self.highest_committed = step
+            self._fire_node_chaos()
         recovery = self._recovery
         if (
             body.get("first_after_recovery")
@@ -549,7 +551,7 @@ class Controller:
                 self.ledger.record("chaos_requested", fault=fault, process=target)
                 self._signal(target, PROCESS_FAULTS[fault])
                 return {"process": target, "node": member.node, "pid": member.pid}
-        if fault not in ("partition", "kill-node"):
+        if fault not in NODE_ACTIONS:
             raise ProtocolError(f"unknown fault {fault!r}")
         node = target
         if node == self.local_node:
@@ -563,9 +565,23 @@ class Controller:
                 raise ProtocolError(f"{node} is already lost")
             if fault == "partition" and not 1.0 <= seconds <= 3600.0:
                 raise ProtocolError("a partition lasts between 1 and 3600 seconds")
-            self.ledger.record("chaos_requested", fault=fault, node=node, seconds=seconds)
-            entry.outbox.put({"type": "chaos", "fault": fault, "seconds": seconds})
+            self._send_node_fault(entry, fault, seconds)
             return {"node": node, "fault": fault, "node_timeout": self.config.node_timeout}
+
+    def _send_node_fault(self, entry: Node, fault: str, seconds: float) -> None:
+        self.ledger.record("chaos_requested", fault=fault, node=entry.name, seconds=seconds)
+        entry.outbox.put({"type": "chaos", "fault": fault, "seconds": seconds})
+
+    def _fire_node_chaos(self) -> None:
+        """Scheduled node faults (``--chaos kill-node|partition:node=N:step=S``) go out once
+        some rank has committed step S-1, i.e. while the job runs step S."""
+        for event in list(self.chaos_pending.values()):
+            entry = self.nodes.get(f"node{event.node}")
+            due = event.action in NODE_ACTIONS and event.step <= self.highest_committed + 1
+            if due and entry is not None and entry.alive:
+                del self.chaos_pending[event.id]
+                self.ledger.record("chaos_fired", process=f"agent@{entry.name}", **event.to_dict())
+                self._send_node_fault(entry, event.action, event.seconds)
 
     def _node(self, node: str) -> Node:
         with self._cond:
