@@ -3,7 +3,7 @@
 ``python -m bench.soak`` runs tests/scripts/mlp_train.py paced to a realistic step time (every
 rank computes ``--pace`` seconds longer per step, replacements included), once without
 failures and once with a seeded mix of failures (SIGKILL in forward/backward, SIGSTOP hangs,
-deaths during a recovery). Training efficiency = useful step time / wall time, where useful
+stalled training threads, collectives that never return, deaths during a recovery). Training efficiency = useful step time / wall time, where useful
 step time is the failure-free run's training time for the same steps (both timed from the
 moment the last worker joined to the end of the job). From the per-failure cost it also
 extrapolates the efficiency at one failure every 60 s (torchft's published soak setting).
@@ -63,9 +63,8 @@ def main() -> None:
     parser.add_argument("--pace", type=float, default=0.05)
     parser.add_argument("--seed", type=int, default=2026)
     args = parser.parse_args()
-    chaos = random_schedule(
-        args.seed, args.failures, 3, 5, args.steps - 5, hangs=3, during_recovery=3
-    )
+    mix = {"hangs": 3, "during_recovery": 3, "stalls": 2, "drops": 2}
+    chaos = random_schedule(args.seed, args.failures, 3, 5, args.steps - 5, **mix)
     with tempfile.TemporaryDirectory() as tmp:
         clean = run(Path(tmp) / "clean", args.steps, args.pace, [])
         soak = run(Path(tmp) / "soak", args.steps, args.pace, chaos)

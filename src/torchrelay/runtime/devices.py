@@ -1,0 +1,68 @@
+"""The device a process computes on, and the communicator that goes with it.
+
+CPU processes (and CPU-only machines) use gloo. A process on a machine with CUDA takes the GPU
+``LOCAL_RANK`` (spares get the lowest index no live process of their node holds, see
+:meth:`NodeAgent.start_spare`) and NCCL, with two choices that live recovery depends on:
+
+- the communicator is created *non-blocking* and connected eagerly at the generation's
+  rendezvous, so that ``ncclCommAbort`` can later interrupt a collective that will never
+  complete (a dead peer) instead of leaving a kernel spinning on the GPU forever;
+- an aborted generation's communicator is aborted at once (:func:`abort_group`): its pending
+  kernels are released and the device's streams are usable by the next generation. Gloo has
+  no such abort; its threads are left to the collective timeout, off the training thread.
+
+``TORCHRELAY_DEVICE=cpu`` forces the CPU path on a machine with GPUs.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+class DeviceError(RuntimeError):
+    """This process cannot get the device it was given; the message says why."""
+
+
+def select_device(local_index: int) -> torch.device:
+    """``cuda:local_index`` (made the current device) when CUDA is usable, else the CPU."""
+    if os.environ.get("TORCHRELAY_DEVICE", "") == "cpu" or not torch.cuda.is_available():
+        return torch.device("cpu")
+    count = torch.cuda.device_count()
+    if not 0 <= local_index < count:
+        raise DeviceError(
+            f"this process was given GPU {local_index} but only {count} are visible: lower "
+            "--nproc-per-node + --spares to the GPUs of the node, or set TORCHRELAY_DEVICE=cpu"
+        )
+    device = torch.device("cuda", local_index)
+    # Before anything touches CUDA, so no context is ever created on GPU 0 by accident.
+    torch.cuda.set_device(device)
+    return device
+
+
+def new_group(
+    store: dist.Store, rank: int, size: int, timeout: timedelta, device: torch.device
+) -> dist.ProcessGroup:
+    """A generation's communicator over ``store`` (already prefixed with the generation)."""
+    if device.type != "cuda":
+        return dist.ProcessGroupGloo(store, rank, size, timeout)
+    options = dist.ProcessGroupNCCL.Options()
+    options._timeout = timeout
+    options.config.blocking = False
+    group = dist.ProcessGroupNCCL(store, rank, size, options)
+    group.eager_connect_single_device(device)
+    return group
+
+
+def abort_group(group: dist.ProcessGroup) -> None:
+    """Release every pending operation of a NCCL communicator (``ncclCommAbort``)."""
+    if device_type(group) == "cuda":
+        group.abort()
+
+
+def device_type(group: dist.ProcessGroup) -> str:
+    """``"cuda"`` for a NCCL communicator, ``"cpu"`` for gloo."""
+    return "cuda" if group.name() == "nccl" else "cpu"
