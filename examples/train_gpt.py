@@ -140,7 +140,8 @@ def main() -> None:
 
     relay = torchrelay.init(seed=1234)  # relay
     data = CharWindows(make_text(4000), args.block)
-    model = DDP(GPT(len(data.vocab), args.block), process_group=relay.process_group)  # relay
+    net = GPT(len(data.vocab), args.block).to(relay.device)  # relay: its GPU, or the CPU
+    model = DDP(net, process_group=relay.process_group)  # relay
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(args.steps // 10, args.steps))
     relay.track(model=model, optimizer=opt, scheduler=sched)  # relay
@@ -151,7 +152,7 @@ def main() -> None:
     for step, (x, y) in relay.steps(
         data, batch_size=args.batch_size, max_steps=args.steps
     ):  # relay
-        loss = model(x, y)
+        loss = model(x.to(relay.device), y.to(relay.device))
         loss.backward()
         opt.step()
         sched.step()
@@ -163,7 +164,7 @@ def main() -> None:
             )
 
     if relay.rank == 0 and args.out:
-        torch.save(model.module.state_dict(), args.out)
+        torch.save({k: v.cpu() for k, v in net.state_dict().items()}, args.out)
 
 
 if __name__ == "__main__":

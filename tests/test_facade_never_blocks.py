@@ -22,7 +22,7 @@ def test_local_mode_answers_collectives_without_peers():
 def _bound(pg, rank):
     guard = StepGuard()
     facade = StableProcessGroup(2, guard)
-    facade.bind(pg, rank)
+    facade.bind(pg, rank, generation=0)
     guard.enter_generation(0)
     return facade, guard
 
@@ -63,7 +63,7 @@ def test_abort_releases_a_collective_whose_peer_never_comes(ranks):
 def test_collectives_after_abort_return_at_once_poisoned():
     guard = StepGuard()
     facade = StableProcessGroup(2, guard)
-    facade.bind(object(), 0)  # never touched: the generation is already aborted
+    facade.bind(object(), 0, generation=0)  # never touched: the generation is already aborted
     guard.enter_generation(3)
     guard.abort(3)
     t = torch.tensor([1.0])

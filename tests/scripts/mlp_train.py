@@ -21,7 +21,7 @@ args = parser.parse_args()
 relay = torchrelay.init(seed=7)
 net = torch.nn.Sequential(
     torch.nn.Linear(16, 64), torch.nn.GELU(), torch.nn.Dropout(0.1), torch.nn.Linear(64, 4)
-)
+).to(relay.device)
 model = DDP(net, process_group=relay.process_group)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
 sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 5))
@@ -32,12 +32,12 @@ for step, (x, y) in relay.steps(data, batch_size=8, max_steps=args.steps):
     if relay.rank == args.bug_rank and step == args.bug_step:
         raise ValueError(f"deliberate bug at step {step}")
     time.sleep(args.compute_seconds)  # stands in for a bigger model's compute time
-    loss = F.mse_loss(model(x), y)
+    loss = F.mse_loss(model(x.to(relay.device)), y.to(relay.device))
     loss.backward()
     opt.step()
     sched.step()
     opt.zero_grad()
 
 if relay.rank == 0 and args.out:
-    torch.save({k: v.clone() for k, v in net.state_dict().items()}, args.out)
+    torch.save({k: v.cpu().clone() for k, v in net.state_dict().items()}, args.out)
     print(f"final loss {loss.item():.6f}", flush=True)

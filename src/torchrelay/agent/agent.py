@@ -9,6 +9,7 @@ controller declared dead can never take part again.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import signal
 import subprocess
@@ -42,6 +43,7 @@ class NodeAgent:
         self._lock = threading.Lock()
         self._print_lock = threading.Lock()
         self._spare_count = 0
+        self._local_index: dict[str, int] = {}  # LOCAL_RANK (the GPU, on GPU nodes) by process
         self._stopping = False
         self.log_dir = config.run_dir / "logs"
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -71,18 +73,28 @@ class NodeAgent:
         first = self.config.node_rank * self.config.nproc_per_node
         for local_rank in range(self.config.nproc_per_node):
             rank = first + local_rank
+            with self._lock:
+                self._local_index[f"worker{rank}"] = local_rank
             self._start(
                 f"worker{rank}", "worker", {"RANK": str(rank), "LOCAL_RANK": str(local_rank)}
             )
 
     def start_spare(self) -> None:
+        """Start a spare on the lowest device index that no live process of this node holds
+        (a spare that takes a slot keeps its own GPU; the dead worker's is freed)."""
         with self._lock:
             if self._stopping:
                 return
             prefix = "" if self.config.node_rank == 0 else f"{self.node}-"
             name = f"{prefix}spare{self._spare_count}"
             self._spare_count += 1
-        self._start(name, "spare", {})
+            held = {
+                index
+                for process, index in self._local_index.items()
+                if process not in self._procs or self._procs[process].poll() is None
+            }
+            self._local_index[name] = next(i for i in itertools.count() if i not in held)
+        self._start(name, "spare", {"LOCAL_RANK": str(self._local_index[name])})
 
     def _start(self, process: str, role: str, extra: dict[str, str]) -> None:
         env = {

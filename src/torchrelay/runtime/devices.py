@@ -59,10 +59,12 @@ def new_group(
 
 def abort_group(group: dist.ProcessGroup) -> None:
     """Release every pending operation of a NCCL communicator (``ncclCommAbort``)."""
-    if device_type(group) == "cuda":
+    if group.name() == "nccl":
         group.abort()
 
 
-def device_type(group: dist.ProcessGroup) -> str:
-    """``"cuda"`` for a NCCL communicator, ``"cpu"`` for gloo."""
-    return "cuda" if group.name() == "nccl" else "cpu"
+def comm_device(group: dist.ProcessGroup) -> torch.device:
+    """Where the tensors a communicator moves must live: the current GPU for NCCL."""
+    if group.name() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")

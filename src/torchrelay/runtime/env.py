@@ -25,6 +25,7 @@ class RelayEnv:
     master_port: int
     world_size: int
     rank: int | None
+    local_rank: int
 
     @classmethod
     def from_environ(cls) -> RelayEnv:
@@ -45,4 +46,5 @@ class RelayEnv:
             master_port=int(env["MASTER_PORT"]),
             world_size=int(env["WORLD_SIZE"]),
             rank=int(env["RANK"]) if env.get("TORCHRELAY_ROLE") == "worker" else None,
+            local_rank=int(env.get("LOCAL_RANK", "0")),
         )

@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterator
-from datetime import timedelta
 from typing import Any
 
 import torch
@@ -36,16 +35,10 @@ from torch._C._distributed_c10d import (
 )
 from torch.futures import Future
 
+from torchrelay.runtime.devices import abort_group
 from torchrelay.runtime.guard import StepGuard
 
 Launch = Callable[[dist.ProcessGroup], dist.Work]
-
-
-def new_gloo_group(
-    store: dist.Store, rank: int, size: int, timeout: timedelta
-) -> dist.ProcessGroup:
-    """A gloo group over ``store`` (already prefixed with the generation)."""
-    return dist.ProcessGroupGloo(store, rank, size, timeout)
 
 
 def _completed(value: Any) -> dist.Work:
@@ -63,6 +56,9 @@ class StableProcessGroup(dist.ProcessGroup):
         self._rank = 0
         self._guard = guard
         self._inner: dist.ProcessGroup | None = None
+        self._generation = -1
+        self._inner_aborted = False
+        self._bind_lock = threading.Lock()
         self._force_local = 0
         self._local_lock = threading.Lock()
         self._silenced = False
@@ -82,11 +78,29 @@ class StableProcessGroup(dist.ProcessGroup):
     def inner(self) -> dist.ProcessGroup | None:
         return self._inner
 
-    def bind(self, inner: dist.ProcessGroup, rank: int) -> dist.ProcessGroup | None:
-        """Route collectives to ``inner`` as ``rank``; return the group it replaces."""
-        previous, self._inner, self._rank = self._inner, inner, rank
-        self._silenced = False
+    def bind(
+        self, inner: dist.ProcessGroup, rank: int, generation: int
+    ) -> dist.ProcessGroup | None:
+        """Route collectives to ``inner`` (generation ``generation``'s communicator) as
+        ``rank``; return the communicator it replaces, aborted if it was NCCL."""
+        with self._bind_lock:
+            previous, self._inner, self._rank = self._inner, inner, rank
+            self._generation = generation
+            self._silenced = False
+            aborted, self._inner_aborted = self._inner_aborted, False
+        if previous is not None and not aborted:
+            abort_group(previous)
         return previous
+
+    def abort(self, generation: int) -> None:
+        """The controller aborted ``generation``: release its communicator's pending work
+        (a NCCL kernel waiting for a dead peer would otherwise hold the GPU)."""
+        with self._bind_lock:
+            inner = self._inner
+            if generation != self._generation or inner is None or self._inner_aborted:
+                return
+            self._inner_aborted = True
+        abort_group(inner)
 
     def silence(self) -> None:
         """Fault injection: until the next :meth:`bind`, collectives are never sent and never

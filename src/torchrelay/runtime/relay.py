@@ -36,8 +36,9 @@ from torchrelay.control.lease import HEARTBEAT_RPC_TIMEOUT, keep_alive
 from torchrelay.control.service import ControlClient, ControlError
 from torchrelay.exits import EXIT_CONTROLLER_LOST, EXIT_FENCED
 from torchrelay.runtime.data import step_loader
+from torchrelay.runtime.devices import new_group, select_device
 from torchrelay.runtime.env import RelayEnv
-from torchrelay.runtime.facade import StableProcessGroup, new_gloo_group
+from torchrelay.runtime.facade import StableProcessGroup
 from torchrelay.runtime.guard import GenerationAborted, StepGuard, guard_optimizer
 from torchrelay.runtime.rng import SETUP_STEP, seed_all
 from torchrelay.runtime.timing import StepTimer
@@ -58,6 +59,7 @@ class Relay:
     ) -> None:
         self.env = env
         self.seed = seed
+        self.device = select_device(env.local_rank)
         self.world_size = env.world_size
         self.rank: int | None = env.rank
         self.generation = int(joined["generation"])
@@ -200,8 +202,8 @@ class Relay:
             # member dying now aborts this generation instead of stalling it for the timeout.
             store.set(f"ready/{rank}", "1")
             self._await_keys(store, [f"ready/{r}" for r in range(self.world_size)])
-        inner = new_gloo_group(store, rank, self.world_size, self._timeout)
-        previous = self.process_group.bind(inner, rank)
+        inner = new_group(store, rank, self.world_size, self._timeout, self.device)
+        previous = self.process_group.bind(inner, rank, generation)
         if previous is not None:
             # Destroying a gloo group joins its threads, which may sit in a collective that
             # will only time out: drop the last reference off the training thread.
@@ -387,6 +389,7 @@ class Relay:
             for message in self._client.watch():
                 if message["type"] == "abort":
                     self.guard.abort(int(message["generation"]))
+                    self.process_group.abort(int(message["generation"]))
                 self._inbox.put(message)
         except ControlError as exc:
             if not self._closing.is_set():
@@ -458,8 +461,10 @@ def _install_excepthook(relay: Relay) -> None:
 def init(seed: int = 0) -> Relay:
     """Join the job this process was launched into by ``torchrelay run``.
 
-    Seeds every RNG identically on all ranks (so models are built identically), opens the
-    stable process group, and returns the :class:`Relay`. On a spare it returns at once; the
+    Seeds every RNG identically on all ranks (so models are built identically), picks the
+    device (``relay.device``: this process's GPU with NCCL when CUDA is available, else the CPU
+    with gloo; see :mod:`torchrelay.runtime.devices`), opens the stable process group, and
+    returns the :class:`Relay`. On a spare it returns at once; the
     spare waits for a slot in :meth:`Relay.steps`.
     """
     env = RelayEnv.from_environ()

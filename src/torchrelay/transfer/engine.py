@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from torchrelay.control.wire import seal, unseal
+from torchrelay.runtime.devices import comm_device
 from torchrelay.transfer.flatten import TensorSpec, as_bytes, flatten, unflatten
 from torchrelay.transfer.stripes import DEFAULT_CHUNK_BYTES, Chunk, assign_stripes, split_chunks
 
@@ -55,7 +56,14 @@ class TransferResult:
 
 
 def _crc(piece: torch.Tensor) -> int:
-    return zlib.crc32(piece.numpy().data)
+    # .cpu() also orders the read after the communicator's writes on a GPU.
+    return zlib.crc32(piece.cpu().numpy().data)
+
+
+def _on(device: torch.device, piece: torch.Tensor) -> torch.Tensor:
+    """``piece`` itself if the communicator can move it, else a copy staged on ``device``
+    (NCCL moves GPU memory only; optimizer step counters, for one, live on the CPU)."""
+    return piece if piece.device == device else piece.to(device)
 
 
 def schema_key(generation: int) -> str:
@@ -84,14 +92,16 @@ def send_state(
     views = [as_bytes(t) for t in tensors]
     chunks = split_chunks([v.numel() for v in views], chunk_bytes)
     mine = assign_stripes(chunks, sources)[rank]
+    device = comm_device(pg)
     pieces = [views[c.tensor][c.start : c.stop] for c in mine]
+    wire = [_on(device, p) for p in pieces]
     works = [
         pg.send([piece], receiver, chunk.index)
         for receiver in receivers
-        for chunk, piece in zip(mine, pieces, strict=True)
+        for chunk, piece in zip(mine, wire, strict=True)
     ]
-    # Checksums are computed while gloo's threads move the bytes, and sent last.
-    checksums = torch.tensor([_crc(p) for p in pieces], dtype=torch.int64)
+    # Checksums are computed while the communicator moves the bytes, and sent last.
+    checksums = torch.tensor([_crc(p) for p in pieces], dtype=torch.int64, device=device)
     works += [pg.send([checksums], receiver, len(chunks) + rank) for receiver in receivers]
     wait(works, _nothing)
     sent = sum(p.numel() for p in pieces) * len(receivers)
@@ -116,28 +126,34 @@ def receive_state(
     specs = [TensorSpec.from_json(s) for s in schema["specs"]]
     _, own_tensors, own_specs = flatten(own_state)
     own = {spec.path: t for spec, t in zip(own_specs, own_tensors, strict=True)}
-    targets = [_target_for(spec, own.get(spec.path)) for spec in specs]
+    device = comm_device(pg)
+    targets = [_target_for(spec, own.get(spec.path), device) for spec in specs]
     views = [as_bytes(t) for t in targets]
     chunks = split_chunks([v.numel() for v in views], int(schema["chunk_bytes"]))
     stripes = assign_stripes(chunks, sources)
     works: list[dist.Work] = []
-    landed: list[Chunk | None] = []  # what each work delivers: a chunk, or a checksum list
+    # What each work delivers: (chunk, where it belongs, where it lands), or None for the
+    # list of checksums.
+    landed: list[tuple[Chunk, torch.Tensor, torch.Tensor] | None] = []
     sums: dict[int, torch.Tensor] = {}
     for source, stripe in stripes.items():
         for chunk in stripe:
             piece = views[chunk.tensor][chunk.start : chunk.stop]
-            works.append(pg.recv([piece], source, chunk.index))
-            landed.append(chunk)
-        sums[source] = torch.empty(len(stripe), dtype=torch.int64)
+            wire = piece if piece.device == device else torch.empty_like(piece, device=device)
+            works.append(pg.recv([wire], source, chunk.index))
+            landed.append((chunk, piece, wire))
+        sums[source] = torch.empty(len(stripe), dtype=torch.int64, device=device)
         works.append(pg.recv([sums[source]], source, len(chunks) + source))
         landed.append(None)
     actual: dict[int, int] = {}
 
     def checksum_landed(index: int) -> None:
         # Runs as each chunk lands, overlapping the checksum with the rest of the transfer.
-        chunk = landed[index]
-        if chunk is not None:
-            actual[chunk.index] = _crc(views[chunk.tensor][chunk.start : chunk.stop])
+        if landed[index] is not None:
+            chunk, piece, wire = landed[index]  # type: ignore[misc]
+            if wire is not piece:
+                piece.copy_(wire)
+            actual[chunk.index] = _crc(piece)
 
     wait(works, checksum_landed)
     for source, stripe in stripes.items():
@@ -147,7 +163,11 @@ def receive_state(
     return TransferResult(received, time.perf_counter() - start, state)
 
 
-def _target_for(spec: TensorSpec, existing: torch.Tensor | None) -> torch.Tensor:
+def _target_for(
+    spec: TensorSpec, existing: torch.Tensor | None, device: torch.device
+) -> torch.Tensor:
+    """Receive in place into ``existing`` if it fits; else allocate where the sender keeps
+    the tensor (on this rank's GPU for a GPU tensor, when it has one)."""
     if (
         existing is not None
         and existing.dtype == spec.dtype
@@ -155,7 +175,8 @@ def _target_for(spec: TensorSpec, existing: torch.Tensor | None) -> torch.Tensor
         and existing.is_contiguous()
     ):
         return existing
-    return torch.empty(spec.shape, dtype=spec.dtype)
+    where = device if spec.device == "cuda" and device.type == "cuda" else torch.device("cpu")
+    return torch.empty(spec.shape, dtype=spec.dtype, device=where)
 
 
 def _verify(stripe: list[Chunk], actual: dict[int, int], expected: list[int], source: int) -> None:

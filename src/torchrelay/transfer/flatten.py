@@ -2,8 +2,9 @@
 
 The schema can describe dicts (string, int, float, bool or None keys), lists, tuples, None,
 bools, numbers, strings and tensors -- and nothing else, so it can never execute code when it
-is read. Every tensor leaf carries its path, dtype and shape, so a receiver can match it with a
-tensor it already holds and receive in place.
+is read. Every tensor leaf carries its path, dtype, shape and device type (``cpu`` or ``cuda``),
+so a receiver can match it with a tensor it already holds and receive in place, or allocate a
+missing one where the sender keeps it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 _TENSOR, _TUPLE, _DICT = "__tensor__", "__tuple__", "__dict__"
 _KEY_TYPES = (str, int, float, bool, type(None))
 _SCALARS = (str, int, float, bool, type(None))
+DEVICE_TYPES = ("cpu", "cuda")
 
 Path = tuple[Any, ...]
 
@@ -31,6 +33,7 @@ class TensorSpec:
     path: Path
     dtype: torch.dtype
     shape: tuple[int, ...]
+    device: str = "cpu"
 
     @property
     def nbytes(self) -> int:
@@ -40,11 +43,19 @@ class TensorSpec:
         return numel * torch.empty((), dtype=self.dtype).element_size()
 
     def to_json(self) -> dict[str, Any]:
-        return {"path": list(self.path), "dtype": str(self.dtype), "shape": list(self.shape)}
+        return {
+            "path": list(self.path),
+            "dtype": str(self.dtype),
+            "shape": list(self.shape),
+            "device": self.device,
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TensorSpec:
-        return cls(tuple(data["path"]), parse_dtype(data["dtype"]), tuple(data["shape"]))
+        device = data.get("device", "cpu")
+        if device not in DEVICE_TYPES:
+            raise SchemaError(f"unknown device type {device!r} in state schema")
+        return cls(tuple(data["path"]), parse_dtype(data["dtype"]), tuple(data["shape"]), device)
 
 
 def parse_dtype(name: str) -> torch.dtype:
@@ -63,7 +74,12 @@ def flatten(state: Any) -> tuple[Any, list[torch.Tensor], list[TensorSpec]]:
 
     def walk(value: Any, path: Path) -> Any:
         if isinstance(value, torch.Tensor):
-            specs.append(TensorSpec(path, value.dtype, tuple(value.shape)))
+            if value.device.type not in DEVICE_TYPES:
+                raise SchemaError(
+                    f"cannot transfer a tensor on {value.device} at {'/'.join(map(str, path))}: "
+                    f"only {DEVICE_TYPES} tensors"
+                )
+            specs.append(TensorSpec(path, value.dtype, tuple(value.shape), value.device.type))
             tensors.append(value)
             return {_TENSOR: len(tensors) - 1}
         if isinstance(value, dict):
