@@ -132,3 +132,24 @@ def test_collective_that_never_returns_is_cured_by_reforming_the_same_members(
     (planned,) = [e for e in job.ledger() if e["event"] == "recovery_planned"]
     assert planned["replaced"] == {} and planned["receivers"] == []
     assert not [e for e in job.ledger() if e["event"] == "process_exit" and e["returncode"]]
+
+
+def test_declared_long_evaluation_on_one_rank_is_not_a_stall(tmp_path, reference_weights):
+    evaluation = ("--eval-rank", "0", "--eval-step", "5", "--eval-seconds", "4")
+    job = run_job(tmp_path, steps=STEPS, launcher_args=FAST_HANG, script_args=evaluation)
+    _assert_clean_recoveries(job, failures=0)
+    assert_bitwise_equal(job.weights(), reference_weights(STEPS))
+
+
+def test_a_stall_that_comes_back_on_every_replacement_stops_the_job(tmp_path):
+    evaluation = ("--eval-rank", "0", "--eval-step", "5", "--eval-seconds", "30")
+    job = run_job(
+        tmp_path,
+        steps=STEPS,
+        spares=2,
+        launcher_args=(*FAST_HANG, "--max-restarts", "1"),
+        script_args=(*evaluation, "--eval-declared", "0"),
+    )
+    assert job.returncode == 1
+    end = [e for e in job.ledger() if e["event"] == "job_end"][-1]
+    assert "failed 2 times (last: a stall" in end["reason"] and "bug in the script" in end["reason"]

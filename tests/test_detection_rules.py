@@ -57,3 +57,13 @@ def test_a_hang_takes_precedence_over_a_lost_collective():
     beats = [Beat(0, 0.2, 12.0, 11.5), Beat(1, 11.0, 1.0, 0.9)]
     verdict = judge(beats, TIMEOUT, FRESH)
     assert list(verdict.hung) == [1] and verdict.lost_collective is None
+
+
+def test_declared_busy_work_is_neither_a_stall_nor_a_lost_collective():
+    # Rank 1 evaluates inside relay.busy(...) while rank 0 waits in the next all-reduce.
+    beats = [Beat(0, 0.2, 30.0, 29.0), Beat(1, 0.3, 30.0, None, busy=True)]
+    assert judge(beats, TIMEOUT, FRESH).healthy
+    beats = [Beat(0, 0.2, 30.0, 29.0), Beat(1, 0.3, 30.0, 29.5, busy=True)]
+    assert judge(beats, TIMEOUT, FRESH).healthy
+    # Busy or not, silence is a hang.
+    assert judge([Beat(0, 12.0, 1.0, None, busy=True)], TIMEOUT, FRESH).hung

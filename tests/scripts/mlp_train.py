@@ -1,6 +1,7 @@
 """A small DDP training script used by the multi-process tests (dropout, AdamW, scheduler)."""
 
 import argparse
+import contextlib
 import time
 
 import torch
@@ -16,6 +17,10 @@ parser.add_argument("--out", default=None)
 parser.add_argument("--bug-rank", type=int, default=-1, help="raise on this rank at --bug-step")
 parser.add_argument("--bug-step", type=int, default=-1)
 parser.add_argument("--compute-seconds", type=float, default=0.0, help="simulated extra compute")
+parser.add_argument("--eval-rank", type=int, default=-1, help="a long evaluation on this rank")
+parser.add_argument("--eval-step", type=int, default=-1)
+parser.add_argument("--eval-seconds", type=float, default=0.0)
+parser.add_argument("--eval-declared", type=int, default=1, help="inside relay.busy(...)")
 args = parser.parse_args()
 
 relay = torchrelay.init(seed=7)
@@ -32,6 +37,10 @@ for step, (x, y) in relay.steps(data, batch_size=8, max_steps=args.steps):
     if relay.rank == args.bug_rank and step == args.bug_step:
         raise ValueError(f"deliberate bug at step {step}")
     time.sleep(args.compute_seconds)  # stands in for a bigger model's compute time
+    if relay.rank == args.eval_rank and step == args.eval_step:
+        # stands in for a long evaluation on one rank, declared or (a stall, every time) not
+        with relay.busy("evaluation") if args.eval_declared else contextlib.nullcontext():
+            time.sleep(args.eval_seconds)
     loss = F.mse_loss(model(x.to(relay.device)), y.to(relay.device))
     loss.backward()
     opt.step()

@@ -107,6 +107,9 @@ def run_status(args: argparse.Namespace) -> int:
             f"{m['seconds_since_heartbeat']:.1f}",
         )
     Console().print(table)
+    for name, node in status["nodes"].items():
+        state = "alive" if node["alive"] else "LOST"
+        print(f"{name}: {state}, last heartbeat {node['seconds_since_heartbeat']:.1f} s ago")
     for s in status["stragglers"]:
         print(f"straggler: slot {s['slot']} computes {s['slowdown']:.1f}x slower than its peers")
     return 0

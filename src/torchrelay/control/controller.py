@@ -68,6 +68,7 @@ class Member:
     timings: dict[str, float] = field(default_factory=dict)
     step_age: float | None = None
     waiting: float | None = None
+    busy: bool = False
     detection: str = "exit"
     detected_by: str = "process exit (waitpid)"
     error: dict[str, Any] | None = None
@@ -300,6 +301,7 @@ class Controller:
         if "step_age" in body:
             member.step_age = _seconds(body["step_age"])
             member.waiting = _seconds(body.get("waiting"))
+            member.busy = body.get("busy") is not None
         step = int(body["step"])
         member.committed = max(member.committed, step)
         if step > self.highest_committed:
@@ -437,6 +439,8 @@ class Controller:
     def _on_worker_lost(self, member: Member, returncode: int, cause: str) -> None:
         assert member.slot is not None
         kind = _failure_kind(member, returncode)
+        if kind == "stall":
+            cause = f"a stall (fenced with {cause})"
         failure = {
             "slot": member.slot,
             "process": member.process,
@@ -456,9 +460,8 @@ class Controller:
             self.bug_restarts += 1
             if self.bug_restarts > self.config.max_restarts:
                 self._fail(
-                    f"rank {member.slot} failed with {cause} after step "
-                    f"{member.committed} "
-                    f"{self.bug_restarts} times (max restarts {self.config.max_restarts}); "
+                    f"rank {member.slot} failed {self.bug_restarts} times (last: {cause} after "
+                    f"step {member.committed}; max restarts {self.config.max_restarts}); "
                     "this looks like a bug in the script, not a hardware failure",
                     traceback=failure.get("traceback"),
                 )
@@ -682,7 +685,7 @@ class Controller:
         for m in watched:
             assert m.slot is not None
             step_age, waiting = (m.step_age, m.waiting) if timed else (None, None)
-            beats.append(Beat(m.slot, now - m.last_seen, step_age, waiting))
+            beats.append(Beat(m.slot, now - m.last_seen, step_age, waiting, m.busy))
         verdict = judge(beats, self._hang_timeout, FRESH_HEARTBEAT)
         for member in watched:
             for detection, reasons in (("heartbeat", verdict.hung), ("stall", verdict.stalled)):

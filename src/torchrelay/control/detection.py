@@ -10,7 +10,8 @@ from the job's own median step time (see :meth:`Controller.hang_timeout`):
 - **stalled**: it still heartbeats but has been inside one step for longer than the timeout
   without waiting on any collective, so its peers wait for it (a deadlocked data loader, a
   stuck kernel). It is fenced and replaced; a stall counts against ``--max-restarts`` because
-  a deterministic one would come back on every replacement.
+  a deterministic one would come back on every replacement. Work the script declares with
+  ``relay.busy(...)`` (an evaluation, a checkpoint on one rank) is never a stall.
 - **lost collective**: every slot heartbeats and every slot has waited on a collective for
   longer than the timeout: a collective that will never return although nobody is missing (a
   dropped message, a communicator bug). Nobody is replaced; the same members abort the step
@@ -34,6 +35,7 @@ class Beat:
     silent: float
     step_age: float | None = None
     waiting: float | None = None
+    busy: bool = False
 
 
 @dataclass(frozen=True)
@@ -69,12 +71,13 @@ def judge(beats: list[Beat], timeout: float, fresh: float) -> Verdict:
         )
         for b in beats
         if b.silent <= fresh
+        and not b.busy
         and b.step_age is not None
         and b.waiting is None
         and b.step_age + b.silent > timeout
     }
     lost = None
-    if beats and not hung and not stalled:
+    if beats and not hung and not stalled and not any(b.busy for b in beats):
         waits = [
             b.waiting + b.silent
             for b in beats

@@ -76,6 +76,7 @@ class Relay:
         self._inbox: queue.Queue[dict[str, Any]] = queue.Queue()
         self._closing = threading.Event()
         self._current_step: int | None = None
+        self._busy: str | None = None
         self._first_after_recovery = False
         self._state_valid = self.rank is not None  # a spare holds no state worth sending
         self._retired: list[dist.ProcessGroup] = []
@@ -119,6 +120,18 @@ class Relay:
                 self._prepare_ddp(obj)
             if isinstance(obj, torch.nn.Module):
                 obj.register_forward_pre_hook(lambda *_: self._maybe_fire("forward"))
+
+    @contextlib.contextmanager
+    def busy(self, reason: str) -> Iterator[None]:
+        """Declare work that keeps this rank inside a step far longer than its usual step time
+        (an evaluation, a checkpoint written by one rank), so that it is not taken for a stall
+        while its peers wait. Its heartbeats go on meanwhile: a silent process is still hung.
+        """
+        self._busy = reason
+        try:
+            yield
+        finally:
+            self._busy = None
 
     def steps(
         self,
@@ -411,6 +424,7 @@ class Relay:
                 step=self.committed,
                 step_age=self.timer.step_age(),
                 waiting=self.guard.oldest_wait(),
+                busy=self._busy,
                 **self.timer.medians(),
             )
             return LEASE_FACTOR * float(reply["hang_timeout"])
