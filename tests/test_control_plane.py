@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import grpc
 import pytest
 
@@ -150,7 +152,8 @@ def test_silent_node_is_declared_lost_and_then_fenced_out(job):
 def test_operator_drills_are_routed_and_bad_ones_refused(job):
     controller, agent, client, _, _ = job
     client("worker0").join("worker", 1, "node0", 0)
-    client("agent@node1").node_join("node1")
+    node_agent = client("agent@node1")
+    node_agent.node_join("node1")
     operator = client("operator")
     assert operator.chaos("kill", "worker0")["pid"] == 1
     assert agent.fenced == ["worker0"]
@@ -164,12 +167,18 @@ def test_operator_drills_are_routed_and_bad_ones_refused(job):
     ]:
         with pytest.raises(ControlError, match=message):
             operator.chaos(fault, target, seconds)
-    assert operator.chaos("partition", "node1", 5)["node"] == "node1"
-    assert controller.nodes["node1"].outbox.get_nowait() == {
-        "type": "chaos",
-        "fault": "partition",
-        "seconds": 5.0,
-    }
+    commands: list[dict] = []
+
+    def agent_answers() -> None:  # what RemoteNode does: say, then act
+        commands.append(controller.nodes["node1"].outbox.get(timeout=10))
+        node_agent.node_report("node1", "chaos", fault="partition", ok=False, error="no nft")
+
+    answering = threading.Thread(target=agent_answers)
+    answering.start()
+    done = operator.chaos("partition", "node1", 5)
+    answering.join()
+    assert commands == [{"type": "chaos", "fault": "partition", "seconds": 5.0}]
+    assert done["notice"] == {"fault": "partition", "ok": False, "error": "no nft"}
 
 
 def test_scheduled_node_fault_goes_to_the_node_agent_at_its_step(job):

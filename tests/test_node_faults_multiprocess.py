@@ -47,6 +47,7 @@ class Drilled:
     job: JobResult
     node1_returncode: int
     node1_output: str
+    drill_output: str
 
 
 def drill_node1(
@@ -79,7 +80,6 @@ def drill_node1(
         await_status(run0, lambda s: s["steps_committed"] >= 30 and len(s["spares"]) == 2)
         done = cli("chaos", "--run-dir", str(run0), *drill)
         assert done.returncode == 0, done.stderr
-        print(done.stdout)
         node1_output, _ = node1.communicate(timeout=60)
         output, _ = node0.communicate(timeout=300)
     finally:
@@ -89,7 +89,8 @@ def drill_node1(
     # Whatever the drill, no process of node 1 may outlive it.
     with pytest.raises(ProcessLookupError):
         os.killpg(node1.pid, 0)
-    return Drilled(JobResult(node0.returncode, output, run0), node1.returncode, node1_output)
+    job = JobResult(node0.returncode, output, run0)
+    return Drilled(job, node1.returncode, node1_output, done.stdout)
 
 
 def assert_node1_slots_moved_to_node0(job: JobResult, reference: JobResult) -> dict:
@@ -122,6 +123,7 @@ def test_killed_node_is_cured_from_spares_on_the_other_node(tmp_path, reference)
     refused = cli("chaos", "--run-dir", str(tmp_path), "kill-node", "--node", "0")
     assert refused.returncode != 0 and "no running job" in refused.stderr
     drilled = drill_node1(tmp_path, ("kill-node", "--node", "1"))
+    assert "node1 is killing every process of the node" in drilled.drill_output
     assert drilled.node1_returncode == -signal.SIGKILL  # the agent, last of its node
     lost = assert_node1_slots_moved_to_node0(drilled.job, reference)
     assert "connection closed" in lost["reason"]
@@ -177,6 +179,8 @@ def test_partitioned_node_fences_itself_and_its_slots_move(tmp_path, reference, 
         node_env=({"GLOO_SOCKET_IFNAME": link.host_side}, {"GLOO_SOCKET_IFNAME": link.node_side}),
         node1_wrapper=("ip", "netns", "exec", link.namespace),
     )
+    assert "rank 3 runs on node1" in drilled.drill_output
+    assert f"dropping all traffic on {link.node_side} for 10 s" in drilled.drill_output
     # The isolated side stopped itself and took its workers down with it.
     assert drilled.node1_returncode == 1, drilled.node1_output
     assert "cut off from the controller" in drilled.node1_output

@@ -142,9 +142,21 @@ def run_chaos(args: argparse.Namespace) -> int:
     if "process" in done:
         sent = "SIGKILL" if fault == "kill" else "SIGSTOP"
         print(f"sent {sent} to {done['process']} (pid {done['pid']} on {done['node']})")
-    else:
-        print(
-            f"{fault}: handed to {done['node']}'s agent; the job declares a silent node lost "
-            f"after {done['node_timeout']:.0f} s (see `torchrelay status` and `report`)"
+        return 0
+    notice = done["notice"]
+    if notice is None:
+        raise SystemExit(
+            f"torchrelay chaos: {done['node']}'s agent did not confirm the {fault} within 10 s"
         )
+    if not notice["ok"]:
+        raise SystemExit(f"torchrelay chaos: {done['node']} refused: {notice['error']}")
+    what = (
+        f"dropping all traffic on {', '.join(notice['interfaces'])} for {args.seconds:.0f} s"
+        if fault == "partition"
+        else "killing every process of the node"
+    )
+    print(
+        f"{fault}: {done['node']} is {what}; the job declares a silent node lost after "
+        f"{done['node_timeout']:.0f} s (see `torchrelay status` and `report`)"
+    )
     return 0

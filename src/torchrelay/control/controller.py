@@ -83,6 +83,7 @@ class Node:
     outbox: queue.Queue[dict[str, Any]] = field(default_factory=queue.Queue)
     alive: bool = True
     last_seen: float = field(default_factory=time.time)
+    chaos_notice: dict[str, Any] | None = None
 
 
 @dataclass
@@ -535,6 +536,8 @@ class Controller:
             elif kind == "chaos":
                 details = {k: v for k, v in body.items() if k not in ("node", "kind", "process")}
                 self.ledger.record("chaos_injected", node=node, **details)
+                entry.chaos_notice = details
+                self._cond.notify_all()
             elif kind != "heartbeat":
                 raise ProtocolError(f"unknown node report kind {kind!r}")
             return {}
@@ -568,8 +571,16 @@ class Controller:
                 raise ProtocolError(f"{node} is already lost")
             if fault == "partition" and not 1.0 <= seconds <= 3600.0:
                 raise ProtocolError("a partition lasts between 1 and 3600 seconds")
+            entry.chaos_notice = None
             self._send_node_fault(entry, fault, seconds)
-            return {"node": node, "fault": fault, "node_timeout": self.config.node_timeout}
+            # The agent says what it does (or why it cannot) before doing it.
+            self._cond.wait_for(lambda: entry.chaos_notice is not None, timeout=10.0)
+            return {
+                "node": node,
+                "fault": fault,
+                "node_timeout": self.config.node_timeout,
+                "notice": entry.chaos_notice,
+            }
 
     def _send_node_fault(self, entry: Node, fault: str, seconds: float) -> None:
         self.ledger.record("chaos_requested", fault=fault, node=entry.name, seconds=seconds)

@@ -190,7 +190,7 @@ class ControlClient:
     def chaos(self, fault: str, target: str, seconds: float = 0.0) -> dict[str, Any]:
         """Have the agent of ``target`` (a process or a node) inject ``fault`` (operators)."""
         body = {"fault": fault, "target": target, "seconds": seconds}
-        return self._call(self._chaos, body, 10.0)
+        return self._call(self._chaos, body, 20.0)
 
     def node_watch(self, node: str) -> Iterator[dict[str, Any]]:
         """Commands for a node agent; raises :class:`ControlError` if the stream breaks."""
