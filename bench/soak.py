@@ -3,9 +3,10 @@
 ``python -m bench.soak`` runs tests/scripts/mlp_train.py paced to a realistic step time (every
 rank computes ``--pace`` seconds longer per step, replacements included), once without
 failures and once with a seeded mix of failures (SIGKILL in forward/backward, SIGSTOP hangs,
-stalled training threads, collectives that never return, deaths during a recovery). Training efficiency = useful step time / wall time, where useful
-step time is the failure-free run's training time for the same steps (both timed from the
-moment the last worker joined to the end of the job). From the per-failure cost it also
+stalled training threads, collectives that never return, deaths during a recovery). Training
+efficiency = useful step time / wall time, where useful step time is the failure-free run's
+training time for the same steps (both timed from the moment the last worker joined to the
+end of the job). From the per-failure cost it also
 extrapolates the efficiency at one failure every 60 s (torchft's published soak setting).
 """
 

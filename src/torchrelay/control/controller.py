@@ -893,7 +893,8 @@ class Controller:
         for slot, process in plan.assignments.items():
             member = self.members[process]
             member.slot, member.generation, member.state = slot, plan.generation, "active"
-            member.last_seen = time.time()
+            # A fresh start for the detector: the old step's progress means nothing now.
+            member.last_seen, member.step_age, member.waiting = time.time(), None, None
             member.outbox.put({**message, "slot": slot, "chaos": self._chaos_for(slot)})
         self.ledger.record(
             "recovery_planned",
