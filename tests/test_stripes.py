@@ -2,20 +2,35 @@
 
 import pytest
 
-from torchrelay.transfer.stripes import assign_stripes, split_chunks
+from torchrelay.transfer.stripes import assign_stripes, chunk_size, split_chunks
 
 
 def test_chunks_cover_every_byte_once():
-    sizes = [10, 0, 25, 7]
-    chunks = split_chunks(sizes, chunk_bytes=8)
-    for tensor, size in enumerate(sizes):
-        covered = sorted((c.start, c.stop) for c in chunks if c.tensor == tensor)
-        position = 0
-        for start, stop in covered:
-            assert start == position and stop - start <= 8
-            position = stop
-        assert position == size
+    sizes = [10, 0, 25, 7, 3]
+    chunks = split_chunks(sizes, chunk_bytes=8, pack_below=8)
+    covered = sorted(
+        (p.tensor, b) for c in chunks for p in c.pieces for b in range(p.start, p.stop)
+    )
+    assert covered == [(t, b) for t, size in enumerate(sizes) for b in range(size)]
+    assert all(c.nbytes <= 8 for c in chunks)
     assert [c.index for c in chunks] == list(range(len(chunks)))
+
+
+def test_small_tensors_share_chunks_and_large_ones_go_alone_and_split():
+    chunks = split_chunks([3, 2, 20, 1, 4], chunk_bytes=8, pack_below=5)
+    assert [[(p.tensor, p.start, p.stop) for p in c.pieces] for c in chunks] == [
+        [(2, 0, 8)],
+        [(2, 8, 16)],
+        [(2, 16, 20)],
+        [(0, 0, 3), (1, 0, 2), (3, 0, 1)],
+        [(4, 0, 4)],
+    ]
+
+
+def test_chunk_size_keeps_every_source_busy_but_bounded():
+    assert chunk_size(1 << 30, sources=2) == 4 * 1024 * 1024
+    assert chunk_size(8 * 1024 * 1024, sources=2) == 1024 * 1024
+    assert chunk_size(1000, sources=3) == 64 * 1024
 
 
 def test_stripes_balance_bytes_and_partition_chunks():

@@ -2,27 +2,27 @@
 
 The schema (tree, tensor specs, chunking) goes through the job's store, sealed with the job
 token; tensor bytes go point-to-point over the process group (gloo here, NCCL on GPU), striped
-across every source that holds the target step, each chunk checksummed (CRC32) by its sender and
-verified by the receiver. Receivers load in place into tensors they already hold (model
-parameters, existing optimizer state) and allocate only what they lack (optimizer state of a
-fresh spare).
+across every source that holds the target step, each chunk checksummed (64-bit xxHash3, at
+memory speed) by its sender and verified by the receiver. Receivers load in place into tensors
+they already hold (model parameters, existing optimizer state) and allocate only what they lack
+(optimizer state of a fresh spare).
 """
 
 from __future__ import annotations
 
 import time
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
+import xxhash
 
 from torchrelay.control.wire import seal, unseal
 from torchrelay.runtime.devices import comm_device
 from torchrelay.transfer.flatten import TensorSpec, as_bytes, flatten, unflatten
-from torchrelay.transfer.stripes import DEFAULT_CHUNK_BYTES, Chunk, assign_stripes, split_chunks
+from torchrelay.transfer.stripes import Chunk, assign_stripes, chunk_size, split_chunks
 
 AfterEach = Callable[[int], None]
 WaitAll = Callable[[list[dist.Work], AfterEach], None]
@@ -55,15 +55,27 @@ class TransferResult:
     state: Any = None
 
 
-def _crc(piece: torch.Tensor) -> int:
-    # .cpu() also orders the read after the communicator's writes on a GPU.
-    return zlib.crc32(piece.cpu().numpy().data)
+def _checksum(piece: torch.Tensor) -> int:
+    # .cpu() also orders the read after the communicator's writes on a GPU. 63 bits, so that
+    # the value fits the int64 tensor it travels in.
+    return xxhash.xxh3_64_intdigest(piece.cpu().numpy().data) & (2**63 - 1)
 
 
-def _on(device: torch.device, piece: torch.Tensor) -> torch.Tensor:
-    """``piece`` itself if the communicator can move it, else a copy staged on ``device``
+def _parts(views: list[torch.Tensor], chunk: Chunk) -> list[torch.Tensor]:
+    return [views[p.tensor][p.start : p.stop] for p in chunk.pieces]
+
+
+def _direct(parts: list[torch.Tensor], device: torch.device) -> bool:
+    """Whether a chunk can go on the wire as it lies: one piece, where the communicator works
     (NCCL moves GPU memory only; optimizer step counters, for one, live on the CPU)."""
-    return piece if piece.device == device else piece.to(device)
+    return len(parts) == 1 and parts[0].device == device
+
+
+def _packed(parts: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """The chunk's bytes in one buffer on ``device`` (a copy unless :func:`_direct`)."""
+    if _direct(parts, device):
+        return parts[0]
+    return torch.cat([p.to(device) for p in parts])
 
 
 def schema_key(generation: int) -> str:
@@ -80,31 +92,36 @@ def send_state(
     rank: int,
     sources: list[int],
     receivers: list[int],
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    chunk_bytes: int | None = None,
     wait: WaitAll = wait_plain,
 ) -> TransferResult:
-    """Send this source's stripe of ``state`` to every receiver; returns bytes sent."""
+    """Send this source's stripe of ``state`` to every receiver; returns bytes sent.
+
+    Every source holds the same state, so they all derive the same ``chunk_bytes`` (unless
+    one is given) and the same stripes.
+    """
     start = time.perf_counter()
     tree, tensors, specs = flatten(state)
+    views = [as_bytes(t) for t in tensors]
+    sizes = [v.numel() for v in views]
+    chunk_bytes = chunk_bytes or chunk_size(sum(sizes), len(sources))
     if rank == min(sources):
         schema = {"tree": tree, "specs": [s.to_json() for s in specs], "chunk_bytes": chunk_bytes}
         store.set(schema_key(generation), seal(schema, token))
-    views = [as_bytes(t) for t in tensors]
-    chunks = split_chunks([v.numel() for v in views], chunk_bytes)
+    chunks = split_chunks(sizes, chunk_bytes)
     mine = assign_stripes(chunks, sources)[rank]
     device = comm_device(pg)
-    pieces = [views[c.tensor][c.start : c.stop] for c in mine]
-    wire = [_on(device, p) for p in pieces]
+    wire = [_packed(_parts(views, chunk), device) for chunk in mine]
     works = [
-        pg.send([piece], receiver, chunk.index)
+        pg.send([buffer], receiver, chunk.index)
         for receiver in receivers
-        for chunk, piece in zip(mine, wire, strict=True)
+        for chunk, buffer in zip(mine, wire, strict=True)
     ]
     # Checksums are computed while the communicator moves the bytes, and sent last.
-    checksums = torch.tensor([_crc(p) for p in pieces], dtype=torch.int64, device=device)
+    checksums = torch.tensor([_checksum(b) for b in wire], dtype=torch.int64, device=device)
     works += [pg.send([checksums], receiver, len(chunks) + rank) for receiver in receivers]
     wait(works, _nothing)
-    sent = sum(p.numel() for p in pieces) * len(receivers)
+    sent = sum(b.numel() for b in wire) * len(receivers)
     return TransferResult(sent, time.perf_counter() - start)
 
 
@@ -132,16 +149,20 @@ def receive_state(
     chunks = split_chunks([v.numel() for v in views], int(schema["chunk_bytes"]))
     stripes = assign_stripes(chunks, sources)
     works: list[dist.Work] = []
-    # What each work delivers: (chunk, where it belongs, where it lands), or None for the
-    # list of checksums.
-    landed: list[tuple[Chunk, torch.Tensor, torch.Tensor] | None] = []
+    # What each work delivers: (chunk, where its bytes belong, where they land), or None for
+    # the list of checksums.
+    landed: list[tuple[Chunk, list[torch.Tensor], torch.Tensor] | None] = []
     sums: dict[int, torch.Tensor] = {}
     for source, stripe in stripes.items():
         for chunk in stripe:
-            piece = views[chunk.tensor][chunk.start : chunk.stop]
-            wire = piece if piece.device == device else torch.empty_like(piece, device=device)
+            parts = _parts(views, chunk)
+            wire = (
+                parts[0]
+                if _direct(parts, device)
+                else torch.empty(chunk.nbytes, dtype=torch.uint8, device=device)
+            )
             works.append(pg.recv([wire], source, chunk.index))
-            landed.append((chunk, piece, wire))
+            landed.append((chunk, parts, wire))
         sums[source] = torch.empty(len(stripe), dtype=torch.int64, device=device)
         works.append(pg.recv([sums[source]], source, len(chunks) + source))
         landed.append(None)
@@ -150,10 +171,13 @@ def receive_state(
     def checksum_landed(index: int) -> None:
         # Runs as each chunk lands, overlapping the checksum with the rest of the transfer.
         if landed[index] is not None:
-            chunk, piece, wire = landed[index]  # type: ignore[misc]
-            if wire is not piece:
-                piece.copy_(wire)
-            actual[chunk.index] = _crc(piece)
+            chunk, parts, wire = landed[index]  # type: ignore[misc]
+            actual[chunk.index] = _checksum(wire)
+            if wire is not parts[0]:
+                offset = 0
+                for part in parts:
+                    part.copy_(wire[offset : offset + part.numel()])
+                    offset += part.numel()
 
     wait(works, checksum_landed)
     for source, stripe in stripes.items():
