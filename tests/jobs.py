@@ -54,7 +54,7 @@ def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     )
 
 
-def run_job(
+def job_command(
     run_dir: Path,
     *,
     script: str = "mlp_train.py",
@@ -64,9 +64,9 @@ def run_job(
     launcher_args: tuple[str, ...] = (),
     script_args: tuple[str, ...] = (),
     steps: int = 10,
-    timeout: float = 300,
-) -> JobResult:
-    command = [
+) -> list[str]:
+    """``torchrelay run`` of a test script, quiet, its final weights to ``RUN_DIR/final.pt``."""
+    return [
         sys.executable,
         "-m",
         "torchrelay.cli.main",
@@ -87,6 +87,11 @@ def run_job(
         str(run_dir / "final.pt"),
         *script_args,
     ]
+
+
+def run_job(run_dir: Path, *, timeout: float = 300, **options: Any) -> JobResult:
+    """Run a job (see :func:`job_command` for the options) to its end."""
+    command = job_command(run_dir, **options)
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     return JobResult(done.returncode, done.stdout + done.stderr, run_dir)
 
@@ -140,34 +145,23 @@ def start_node(
     ``wrapper`` prefixes the command (e.g. ``ip netns exec NS`` to put the node on a network of
     its own); ``env`` adds to the environment.
     """
-    command = [
-        *wrapper,
-        sys.executable,
-        "-m",
-        "torchrelay.cli.main",
-        "run",
-        "--nnodes",
-        "2",
-        "--node-rank",
-        str(node_rank),
-        "--nproc-per-node",
-        "2",
-        "--spares",
-        str(spares),
-        "--rdzv-endpoint",
-        endpoint,
-        "--run-dir",
-        str(run_dir),
-        "--quiet",
-        *launcher_args,
-        str(SCRIPTS / "mlp_train.py"),
-        "--steps",
-        str(steps),
-        "--out",
-        str(run_dir / "final.pt"),
-    ]
+    command = job_command(
+        run_dir,
+        nproc=2,
+        spares=spares,
+        steps=steps,
+        launcher_args=(
+            "--nnodes",
+            "2",
+            "--node-rank",
+            str(node_rank),
+            "--rdzv-endpoint",
+            endpoint,
+            *launcher_args,
+        ),
+    )
     return subprocess.Popen(
-        command,
+        [*wrapper, *command],
         env={**os.environ, "TORCHRELAY_JOB_TOKEN": token, **(env or {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -4,11 +4,10 @@ outside (a real SIGKILL and a real SIGSTOP) are cured, and the weights stay bitw
 from __future__ import annotations
 
 import subprocess
-import sys
 
 import pytest
 
-from tests.jobs import SCRIPTS, JobResult, assert_bitwise_equal, await_status, cli
+from tests.jobs import JobResult, assert_bitwise_equal, await_status, cli, job_command
 
 pytestmark = pytest.mark.slow
 STEPS = 400
@@ -17,29 +16,13 @@ STEPS = 400
 def test_operator_kill_and_hang_are_cured(tmp_path, reference_weights):
     run_dir = tmp_path / "run"
     launcher = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "torchrelay.cli.main",
-            "run",
-            "--nproc-per-node",
-            "3",
-            "--spares",
-            "1",
-            "--run-dir",
-            str(run_dir),
-            "--quiet",
-            "--hang-floor",
-            "2",
+        job_command(
+            run_dir,
+            steps=STEPS,
             # pace the job (rank 0 computes 50 ms longer per step) so the operator can act
-            "--chaos",
-            "slow:rank=0:step=0:seconds=0.05",
-            str(SCRIPTS / "mlp_train.py"),
-            "--steps",
-            str(STEPS),
-            "--out",
-            str(run_dir / "final.pt"),
-        ],
+            chaos=("slow:rank=0:step=0:seconds=0.05",),
+            launcher_args=("--hang-floor", "2"),
+        ),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
