@@ -1,0 +1,55 @@
+"""Chaos injection inside a worker: fires the faults of ``--chaos`` at their step and phase.
+
+A mixin of :class:`torchrelay.runtime.relay.Relay` (see :mod:`torchrelay.chaos` for the spec).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import threading
+import time
+
+from torchrelay.chaos import ChaosEvent
+from torchrelay.runtime.facade import StableProcessGroup
+from torchrelay.runtime.timing import StepTimer
+
+
+class ChaosInjection:
+    """Fires this process's chaos events (see :class:`Relay`)."""
+
+    process_group: StableProcessGroup
+    timer: StepTimer
+    _chaos: list[ChaosEvent]
+    _current_step: int | None
+
+    def _on_allreduce_launch(self) -> None:
+        self.timer.collective_launched()
+        self._maybe_fire("backward")
+
+    def _maybe_fire(self, phase: str, step: int | None = None) -> None:
+        step = self._current_step if step is None else step
+        if step is None:
+            return
+        for event in self._chaos:
+            if event.action == "slow" and step >= event.step and phase == "forward":
+                if step == event.step:
+                    self._report("chaos_fired", id=event.id)
+                # The injected fault itself: this rank computes slower from now on.
+                time.sleep(event.seconds)
+            elif event.step == step and event.phase == phase and event.action != "slow":
+                self._report("chaos_fired", id=event.id)
+                self._inject(event.action)
+
+    def _inject(self, action: str) -> None:
+        if action == "drop":
+            self.process_group.silence()
+        elif action == "stall":
+            # The training thread blocks for good; the heartbeat thread goes on.
+            threading.Event().wait()
+        elif action == "freeze":
+            # A C call that never releases the GIL: no thread of this process runs again.
+            ctypes.PyDLL(None).sleep(10**6)
+        else:
+            os.kill(os.getpid(), signal.SIGKILL if action == "kill" else signal.SIGSTOP)

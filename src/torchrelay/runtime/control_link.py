@@ -1,0 +1,123 @@
+"""The worker's side of the control plane: reports, the watch stream, heartbeats and the lease.
+
+A mixin of :class:`torchrelay.runtime.relay.Relay`; it relies on the attributes that
+``Relay.__init__`` sets (annotated below). Every way of losing the controller ends the process:
+a fenced worker or one whose controller is gone must never go on training.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import sys
+import threading
+import traceback
+from typing import Any
+
+from torchrelay.control.lease import HEARTBEAT_RPC_TIMEOUT, keep_alive
+from torchrelay.control.service import ControlClient, ControlError
+from torchrelay.exits import EXIT_CONTROLLER_LOST, EXIT_FENCED
+from torchrelay.runtime.facade import StableProcessGroup
+from torchrelay.runtime.guard import StepGuard
+from torchrelay.runtime.timing import StepTimer
+
+# A worker that has not got a heartbeat through for this many hang timeouts leaves on its own:
+# by then the controller has fenced it and handed its slot to another process.
+LEASE_FACTOR = 2.0
+
+
+class ControlLink:
+    """Reports to the controller and listens to it (see :class:`Relay`)."""
+
+    generation: int
+    committed: int
+    guard: StepGuard
+    process_group: StableProcessGroup
+    timer: StepTimer
+    _client: ControlClient
+    _inbox: queue.Queue[dict[str, Any]]
+    _closing: threading.Event
+    _current_step: int | None
+    _busy: str | None
+
+    def _report(self, kind: str, **body: Any) -> dict[str, Any]:
+        try:
+            return self._client.report(kind, generation=self.generation, **body)
+        except ControlError as exc:
+            _die_on_control_error(exc)
+            raise
+
+    def _watch(self) -> None:
+        try:
+            for message in self._client.watch():
+                if message["type"] == "abort":
+                    self.guard.abort(int(message["generation"]))
+                    self.process_group.abort(int(message["generation"]))
+                self._inbox.put(message)
+        except ControlError as exc:
+            if not self._closing.is_set():
+                _die_on_control_error(exc)
+
+    def _heartbeat(self) -> None:
+        """Sign of life and progress, off the training thread (never on the critical path).
+
+        Also a lease (see :mod:`torchrelay.control.lease`): a worker whose heartbeats have not
+        got through for ``LEASE_FACTOR`` hang timeouts -- a network partition -- exits, so an
+        isolated replica never outlives its fencing.
+        """
+
+        def beat() -> float:
+            reply = self._client.report(
+                "progress",
+                timeout=HEARTBEAT_RPC_TIMEOUT,
+                generation=self.generation,
+                step=self.committed,
+                step_age=self.timer.step_age(),
+                waiting=self.guard.oldest_wait(),
+                busy=self._busy,
+                **self.timer.medians(),
+            )
+            return LEASE_FACTOR * float(reply["hang_timeout"])
+
+        def expired(silence: float, lease: float, error: ControlError) -> None:
+            print(
+                f"torchrelay: no heartbeat reached the controller for {silence:.1f} s (lease "
+                f"{lease:.1f} s, last error {error.code}); this replica is presumed replaced "
+                "and stops here",
+                file=sys.stderr,
+                flush=True,
+            )
+            os._exit(EXIT_FENCED)
+
+        keep_alive(beat, self._closing, _die_on_control_error, expired)
+
+
+def _die_on_control_error(exc: ControlError) -> None:
+    if exc.code == "FAILED_PRECONDITION":
+        print(
+            f"torchrelay: this process was fenced out of the job and must not continue: "
+            f"{exc.message}",
+            file=sys.stderr,
+            flush=True,
+        )
+        os._exit(EXIT_FENCED)
+    if exc.code in ("UNAVAILABLE", "CANCELLED"):
+        print(
+            f"torchrelay: lost the controller ({exc.message}); the launcher is gone, exiting",
+            file=sys.stderr,
+            flush=True,
+        )
+        os._exit(EXIT_CONTROLLER_LOST)
+
+
+def install_excepthook(relay: ControlLink) -> None:
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
+        text = "".join(traceback.format_exception(kind, exc, tb))
+        with contextlib.suppress(ControlError):
+            relay._client.report("error", step=relay._current_step, traceback=text, timeout=5.0)
+        previous(kind, exc, tb)
+
+    sys.excepthook = hook

@@ -1,0 +1,195 @@
+"""Generations and recovery: joining a plan's generation, sending or receiving state, and the
+waits between steps (for a slot, for a plan, for the job's end).
+
+A mixin of :class:`torchrelay.runtime.relay.Relay`; it relies on the attributes that
+``Relay.__init__`` sets (annotated below) and on :class:`ControlLink` and
+:class:`ChaosInjection` for reports and injected faults.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import threading
+import time
+from typing import Any
+
+import torch.distributed as dist
+
+from torchrelay.chaos import ChaosEvent
+from torchrelay.runtime.devices import new_group
+from torchrelay.runtime.env import RelayEnv
+from torchrelay.runtime.guard import GenerationAborted
+from torchrelay.runtime.tracked import TrackedState
+from torchrelay.transfer.engine import receive_state, schema_key, send_state
+
+KEY_POLL = datetime.timedelta(milliseconds=200)
+
+
+class Recovery:
+    """Generation changes and state transfer (see :class:`Relay`)."""
+
+    env: RelayEnv
+    device: Any
+    world_size: int
+    rank: int | None
+    tracked: TrackedState
+    _store: dist.TCPStore
+    _timeout: datetime.timedelta
+    _chaos: list[ChaosEvent]
+    _first_after_recovery: bool
+    _state_valid: bool
+    _retired: list[dist.ProcessGroup]
+
+    def _bind(self, generation: int, rank: int) -> None:
+        self.guard.enter_generation(generation)
+        self.generation, self.rank = generation, rank
+        os.environ["RANK"] = str(rank)
+        store = dist.PrefixStore(f"torchrelay/g{generation}", self._store)
+        if generation > 0:
+            # Gloo's own rendezvous cannot be interrupted; meet on store keys first, so that a
+            # member dying now aborts this generation instead of stalling it for the timeout.
+            store.set(f"ready/{rank}", "1")
+            self._await_keys(store, [f"ready/{r}" for r in range(self.world_size)])
+        inner = new_group(store, rank, self.world_size, self._timeout, self.device)
+        previous = self.process_group.bind(inner, rank, generation)
+        if previous is not None:
+            # Destroying a gloo group joins its threads, which may sit in a collective that
+            # will only time out: drop the last reference off the training thread.
+            self._retired.append(previous)
+            del previous
+            threading.Thread(target=self._release_retired, daemon=True).start()
+
+    def _await_keys(self, store: dist.Store, keys: list[str]) -> None:
+        """Wait until ``keys`` exist in ``store``, unless this generation is aborted first."""
+        deadline = time.monotonic() + self._timeout.total_seconds()
+        while True:
+            if self.guard.aborted:
+                raise GenerationAborted(f"generation {self.generation} aborted during rendezvous")
+            try:
+                store.wait(keys, KEY_POLL)
+                return
+            except dist.DistStoreError:
+                if time.monotonic() > deadline:
+                    raise
+
+    def _release_retired(self) -> None:
+        while self._retired:
+            self._retired.pop()
+
+    def _await_assignment(self) -> None:
+        self._report("ready")
+        message = self._next_message("plan", "finish")
+        if message["type"] == "finish":
+            self._closing.set()
+            raise SystemExit(0)
+        self._apply_plan(message)
+
+    def _recover(self, in_flight: int | None) -> None:
+        self._report("halted", committed=self.committed, in_flight=in_flight)
+        message = self._next_message("plan", "finish")
+        if message["type"] == "finish":
+            raise RuntimeError("the job ended while this worker was waiting to recover")
+        self._apply_plan(message)
+
+    def _report_resumed(self) -> None:
+        """Once per recovery: the first committed step (or the end, if no step was left)."""
+        if self._first_after_recovery:
+            self._first_after_recovery = False
+            self._report("progress", step=self.committed, first_after_recovery=True, t=time.time())
+
+    def _finish(self) -> bool:
+        """At the last step: wait for the job's end, serving recoveries meanwhile."""
+        self._report_resumed()
+        self._report("done", step=self.committed)
+        while True:
+            message = self._next_message("plan", "finish", "abort")
+            if message["type"] == "finish":
+                self._closing.set()
+                return True
+            if message["type"] == "abort" and message["generation"] == self.generation:
+                self._report("halted", committed=self.committed, in_flight=None)
+            elif message["type"] == "plan":
+                self._apply_plan(message)
+                return False
+
+    def _next_message(self, *kinds: str) -> dict[str, Any]:
+        while True:
+            message = self._inbox.get()
+            if message["type"] in kinds:
+                return message
+
+    def _apply_plan(self, plan: dict[str, Any]) -> None:
+        """Join the plan's generation and send or receive state; retry on newer plans.
+
+        If the generation is aborted (a member died meanwhile) or the transfer fails, report
+        halted -- with ``valid=False`` if this rank's state may be half-overwritten, so it is
+        never chosen as a source -- and follow the controller's next plan.
+        """
+        while True:
+            try:
+                self._enter(plan)
+                return
+            except (GenerationAborted, RuntimeError) as exc:
+                self._report(
+                    "halted",
+                    committed=self.committed,
+                    in_flight=None,
+                    valid=self._state_valid,
+                    reason=str(exc),
+                )
+                plan = self._next_message("plan")
+
+    def _enter(self, plan: dict[str, Any]) -> None:
+        generation, slot = int(plan["generation"]), int(plan["slot"])
+        target = int(plan["target_step"])
+        sources, receivers = list(plan["sources"]), list(plan["receivers"])
+        # A survivor's degraded hardware stays degraded: it keeps its own slow events.
+        kept = [e for e in self._chaos if e.action == "slow"]
+        handed = [ChaosEvent.from_dict(e) for e in plan["chaos"]]
+        self._chaos = kept + [e for e in handed if e not in kept]
+        self._bind(generation, slot)
+        self._report("phase", phase="comm_ready", t=time.time())
+        self._maybe_fire("transfer", step=target + 1)
+        own = self.tracked.state()
+        inner = self.process_group.inner
+        assert inner is not None
+        if slot in sources:
+            if self.committed != target or not self._state_valid:
+                raise RuntimeError(f"source rank {slot} is at step {self.committed}, not {target}")
+            result = send_state(
+                inner,
+                self._store,
+                self.env.token,
+                generation,
+                {"step": target, "objects": own},
+                slot,
+                sources,
+                receivers,
+                wait=self.guard.wait_works,
+            )
+        elif slot in receivers:
+            self._state_valid = False
+            self._await_keys(self._store, [schema_key(generation)])
+            result = receive_state(
+                inner,
+                self._store,
+                self.env.token,
+                generation,
+                {"step": self.committed, "objects": own},
+                sources,
+                wait=self.guard.wait_works,
+            )
+            self.tracked.load(result.state["objects"], own)
+            self.committed = int(result.state["step"])
+            self._state_valid = True
+        else:
+            result = None
+        self._report(
+            "phase",
+            phase="transfer_done",
+            t=time.time(),
+            bytes=0 if result is None else result.bytes,
+            seconds=0.0 if result is None else result.seconds,
+        )
+        self._first_after_recovery = True
