@@ -97,6 +97,7 @@ def test_stale_generation_is_fenced_after_recovery(job):
     spare.join("spare", 3, "node0", None)
     spare.report("ready")
     for worker in (w0, w1):
+        worker.report("max_steps", max_steps=10)
         worker.report("progress", generation=0, step=4)
 
     controller.on_exit("worker1", -9)  # the agent saw SIGKILL
@@ -119,6 +120,7 @@ def test_heartbeat_reply_grants_the_worker_its_lease(job):
     controller, _, client, _, _ = job
     worker = client("worker0")
     worker.join("worker", 1, "node0", 0)
+    worker.report("max_steps", max_steps=10)
     reply = worker.report("progress", generation=0, step=0, step_age=0.1, waiting=None)
     assert reply == {"hang_timeout": controller.config.hang_floor}
 
@@ -190,6 +192,7 @@ def test_scheduled_node_fault_goes_to_the_node_agent_at_its_step(job):
     worker = client("worker0")
     joined = worker.join("worker", 1, "node0", 0)
     assert joined["chaos"] == []  # node faults are the controller's, never a worker's
+    worker.report("max_steps", max_steps=10)
     worker.report("progress", generation=0, step=3)
     assert controller.nodes["node1"].outbox.empty()
     worker.report("progress", generation=0, step=4)  # the job now runs step 5

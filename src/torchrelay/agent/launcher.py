@@ -1,7 +1,9 @@
 """``torchrelay run`` on one node: the TCP store, the controller, its RPC server and the agent.
 
 The launcher returns the job's exit status: 0 when every slot finished its steps, 1 when the
-controller ended the job (the reason is printed and written to the ledger).
+controller ended the job (the reason is printed and written to the ledger). A rendezvous
+endpoint that cannot be served here, or a run directory that already holds a job, is refused
+with a one-line error before anything starts.
 """
 
 from __future__ import annotations
@@ -12,9 +14,9 @@ import signal
 import threading
 from typing import Any
 
-import torch.distributed as dist
-
 from torchrelay.agent.agent import NodeAgent
+from torchrelay.agent.rendezvous import RendezvousError, bind_rendezvous, serve_store
+from torchrelay.agent.rundir import RunDirError, claim_run_dir, create_exclusive
 from torchrelay.config import JobConfig
 from torchrelay.control.controller import Controller
 from torchrelay.control.service import ControlServer
@@ -27,33 +29,35 @@ class Launch:
 
     def __init__(self, config: JobConfig) -> None:
         self.config = config
-        config.run_dir.mkdir(parents=True, exist_ok=True)
-        self.ledger = Ledger(config.run_dir / "ledger.jsonl")
+        # Endpoint and token first: a refused one leaves the run directory untouched.
+        listener = bind_rendezvous(config.master_addr, config.master_port)
         self.token = job_token(config)
-        # The store is the rendezvous for every generation's process group (keys are prefixed
-        # by generation), hosted here so it lives exactly as long as the job.
-        self.store = dist.TCPStore(
-            config.master_addr,
-            config.master_port,
-            is_master=True,
-            wait_for_workers=False,
-            timeout=datetime.timedelta(seconds=config.collective_timeout),
-        )
-        self.agent = NodeAgent(
-            config, node=f"node{config.node_rank}", on_exit=self._on_exit, label=self._label
-        )
-        self.controller = Controller(config, self.ledger, self.agent)
-        self.server = ControlServer(
-            self.controller, self.token, host=config.master_addr, port=control_port(config)
-        )
+        ledger = claim_run_dir(config.run_dir)
+        self.ledger = Ledger(ledger)
+        try:
+            # The store is the rendezvous for every generation's process group (keys are
+            # prefixed by generation), hosted here so it lives exactly as long as the job.
+            timeout = datetime.timedelta(seconds=config.collective_timeout)
+            self.store = serve_store(listener, timeout)
+            self.agent = NodeAgent(
+                config, node=f"node{config.node_rank}", on_exit=self._on_exit, label=self._label
+            )
+            self.controller = Controller(config, self.ledger, self.agent)
+            self.server = ControlServer(
+                self.controller, self.token, host=config.master_addr, port=control_port(config)
+            )
+        except BaseException:
+            # Nothing ran: give the directory back, so that the same command can be retried.
+            self.ledger.close()
+            ledger.unlink()
+            raise
         self.agent.configure(self.store.port, self.server.address, self.token)
 
     def _publish_endpoint(self) -> None:
         """Let operators' tools (status, chaos) find and authenticate to this job."""
-        token = self.config.run_dir / "token"
-        token.touch(mode=0o600)
-        token.write_text(self.token)
-        (self.config.run_dir / "endpoint").write_text(self.server.address)
+        # Created, never reused: a file planted here (a symlink) is neither followed nor trusted.
+        create_exclusive(self.config.run_dir / "token", self.token)
+        create_exclusive(self.config.run_dir / "endpoint", self.server.address)
 
     def _label(self, process: str) -> str:
         member = self.controller.members.get(process)
@@ -126,5 +130,13 @@ def job_token(config: JobConfig) -> str:
 
 
 def launch(config: JobConfig) -> dict[str, Any]:
-    """Run one job described by ``config``; see :class:`Launch`."""
-    return Launch(config).run()
+    """Run one job described by ``config``; see :class:`Launch`.
+
+    Exits with a one-line message (``SystemExit``) if the endpoint or the run directory is
+    refused.
+    """
+    try:
+        job = Launch(config)
+    except (RendezvousError, RunDirError) as exc:
+        raise SystemExit(f"torchrelay run: {exc}") from None
+    return job.run()

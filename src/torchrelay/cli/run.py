@@ -103,17 +103,18 @@ def config_from_args(args: argparse.Namespace) -> JobConfig:
     if args.nproc_per_node < 1 or args.spares < 0:
         raise SystemExit("torchrelay run: --nproc-per-node must be >= 1 and --spares >= 0")
     host, _, port = args.rdzv_endpoint.rpartition(":")
-    if not host or not port.isdigit():
+    if not host or not port.isdigit() or int(port) > 65535:
         raise SystemExit(
-            f"torchrelay run: --rdzv-endpoint must be HOST:PORT, not {args.rdzv_endpoint!r}"
+            f"torchrelay run: --rdzv-endpoint must be HOST:PORT with PORT in 0..65535, not "
+            f"{args.rdzv_endpoint!r}"
         )
     script_args = list(args.script_args)
     if script_args[:1] == ["--"]:
         script_args = script_args[1:]
-    if args.nnodes > 1 and int(port) == 0:
+    if args.nnodes > 1 and not 0 < int(port) < 65535:
         raise SystemExit(
             "torchrelay run: several nodes need a fixed --rdzv-endpoint HOST:PORT "
-            "(the store's port; the controller listens on PORT+1)"
+            "(the store's port, below 65535; the controller listens on PORT+1)"
         )
     if args.node_timeout <= 1.0 or args.hang_floor <= 1.0:
         raise SystemExit(

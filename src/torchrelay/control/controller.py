@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from torchrelay.chaos import NODE_ACTIONS, ChaosEvent
 from torchrelay.config import JobConfig
+from torchrelay.control.claims import claimed_step, judge_claim, judge_max_steps
 from torchrelay.control.detection import Beat, judge
 from torchrelay.control.planner import (
     PlanningError,
@@ -72,6 +73,8 @@ class Member:
     detection: str = "exit"
     detected_by: str = "process exit (waitpid)"
     error: dict[str, Any] | None = None
+    # Highest step claimed per report channel (see control.claims); cleared on a receiver.
+    claims: dict[str, int] = field(default_factory=dict)
     outbox: queue.Queue[dict[str, Any]] = field(default_factory=queue.Queue)
 
 
@@ -116,6 +119,7 @@ class Controller:
         self.members: dict[str, Member] = {}
         self.chaos_pending: dict[int, ChaosEvent] = {e.id: e for e in config.chaos}
         self.highest_committed = -1
+        self.max_steps: int | None = None  # declared by the workers (Relay.steps)
         self.bug_restarts = 0
         self.spare_failures = 0
         self.outcome: dict[str, Any] | None = None
@@ -247,8 +251,15 @@ class Controller:
                 return
 
     def report(self, process: str, kind: str, body: dict[str, Any]) -> dict[str, Any]:
-        """Handle one report from a process; raises :class:`FencedError` for stale ones."""
+        """Handle one report from a process.
+
+        Every report is fenced: one from a dead, fenced or superseded member raises
+        :class:`FencedError`. A step claim that does not fit the plan (see
+        :mod:`torchrelay.control.claims`) raises :class:`ProtocolError`, as does a ``max_steps``
+        that differs from the job's; both refusals are recorded in the ledger.
+        """
         handler = {
+            "max_steps": self._on_max_steps,
             "progress": self._on_progress,
             "ready": self._on_ready,
             "halted": self._on_halted,
@@ -261,8 +272,8 @@ class Controller:
             raise ProtocolError(f"unknown report kind {kind!r}")
         with self._cond:
             member = self._member(process)
-            if kind != "error":
-                self._check_fence(member, body)
+            self._check_fence(member, body)
+            self._check_claim(member, kind, body)
             member.last_seen = time.time()
             result = handler(member, body) or {}
             self._cond.notify_all()
@@ -276,7 +287,7 @@ class Controller:
 
     def _check_fence(self, member: Member, body: dict[str, Any]) -> None:
         generation = body.get("generation", member.generation)
-        stale = member.state == "fenced" or (
+        stale = member.state in ("dead", "fenced") or (
             member.role == "worker"
             and isinstance(generation, int)
             and generation < self.generation
@@ -294,6 +305,30 @@ class Controller:
                 f"process {member.process} (slot {member.slot}, generation {generation}) was "
                 f"fenced out; the job is at generation {self.generation}"
             )
+
+    def _check_claim(self, member: Member, kind: str, body: dict[str, Any]) -> None:
+        claim = claimed_step(kind, body)
+        if claim is None:
+            return
+        channel, step = claim
+        # A report of an older generation still in flight is checked against the plan only.
+        current = body.get("generation") == member.generation
+        floor = member.claims.get(channel) if current else None
+        reason = judge_claim(kind, step, self.max_steps, floor)
+        if reason is not None:
+            self._refuse(member, kind, reason)
+        if current:
+            member.claims[channel] = max(step, -1 if floor is None else floor)
+
+    def _refuse(self, member: Member, kind: str, reason: str) -> None:
+        self.ledger.record("claim_refused", process=member.process, kind=kind, reason=reason)
+        raise ProtocolError(f"{member.process}: {reason}")
+
+    def _on_max_steps(self, member: Member, body: dict[str, Any]) -> None:
+        reason = judge_max_steps(body.get("max_steps"), self.max_steps)
+        if reason is not None:
+            self._refuse(member, "max_steps", reason)
+        self.max_steps = int(body["max_steps"])
 
     def _on_progress(self, member: Member, body: dict[str, Any]) -> dict[str, Any]:
         for key in ("step_seconds", "compute_seconds"):
@@ -893,6 +928,8 @@ class Controller:
         for slot, process in plan.assignments.items():
             member = self.members[process]
             member.slot, member.generation, member.state = slot, plan.generation, "active"
+            if slot in plan.receivers:
+                member.claims.clear()  # its state is replaced: back to the target step
             # A fresh start for the detector: the old step's progress means nothing now.
             member.last_seen, member.step_age, member.waiting = time.time(), None, None
             member.outbox.put({**message, "slot": slot, "chaos": self._chaos_for(slot)})

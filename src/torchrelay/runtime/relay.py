@@ -141,6 +141,8 @@ class Relay(ControlLink, Recovery, ChaosInjection):
         """
         if dataset is not None and batch_size is None:
             raise ValueError("steps(dataset, ...) needs batch_size")
+        # The controller refuses any step claim beyond it (and a rank that disagrees).
+        self._report("max_steps", max_steps=max_steps)
         if self.is_spare:
             self._await_assignment()
         batches: Iterator[Any] | None = None

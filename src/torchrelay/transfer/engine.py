@@ -3,25 +3,36 @@
 The schema (tree, tensor specs, chunking) goes through the job's store, sealed with the job
 token; tensor bytes go point-to-point over the process group (gloo here, NCCL on GPU), striped
 across every source that holds the target step, each chunk checksummed (64-bit xxHash3, at
-memory speed) by its sender and verified by the receiver. Receivers load in place into tensors
-they already hold (model parameters, existing optimizer state) and allocate only what they lack
+memory speed) by its sender and verified by the receiver. Each source's checksum list travels
+with an HMAC of the job token over (generation, source, chunks, checksums), so bytes altered on
+the wire cannot be made to match forged checksums. Receivers load in place into tensors they
+already hold (model parameters, existing optimizer state) and allocate only what they lack
 (optimizer state of a fresh spare).
+
+Whatever arrives unauthenticated or malformed -- a schema that fails its MAC or names another
+generation, a checksum list that fails its MAC, a chunk that fails its checksum -- raises
+:class:`TransferError`: a fault of the transfer, which the runtime answers by reporting the
+transfer failed, never an exception in the user's script.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import xxhash
 
-from torchrelay.control.wire import seal, unseal
+from torchrelay.control.wire import WireError, seal, unseal
 from torchrelay.runtime.devices import comm_device
-from torchrelay.transfer.flatten import TensorSpec, as_bytes, flatten, unflatten
+from torchrelay.transfer.flatten import SchemaError, TensorSpec, as_bytes, flatten, unflatten
 from torchrelay.transfer.stripes import Chunk, assign_stripes, chunk_size, split_chunks
 
 AfterEach = Callable[[int], None]
@@ -59,6 +70,51 @@ def _checksum(piece: torch.Tensor) -> int:
     # .cpu() also orders the read after the communicator's writes on a GPU. 63 bits, so that
     # the value fits the int64 tensor it travels in.
     return xxhash.xxh3_64_intdigest(piece.cpu().numpy().data) & (2**63 - 1)
+
+
+# The HMAC-SHA256 of a checksum list, sent after it as four int64 words.
+MAC_WORDS = 4
+
+
+def _checksums_mac(
+    token: str, generation: int, source: int, chunks: list[int], sums: list[int]
+) -> list[int]:
+    """The MAC binding a source's checksums to its chunks, its rank and the generation (so a
+    list cannot be replayed from another source or an earlier transfer)."""
+    body = {
+        "purpose": "torchrelay-checksums",
+        "generation": generation,
+        "source": source,
+        "chunks": chunks,
+        "checksums": sums,
+    }
+    payload = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    digest = hmac.new(token.encode(), payload, hashlib.sha256).digest()
+    return np.frombuffer(digest, dtype=np.int64).tolist()
+
+
+def _sealed_checksums(
+    token: str, generation: int, source: int, stripe: list[Chunk], wire: list[torch.Tensor]
+) -> list[int]:
+    """A source's checksum list followed by its MAC (see :data:`MAC_WORDS`)."""
+    sums = [_checksum(b) for b in wire]
+    return sums + _checksums_mac(token, generation, source, [c.index for c in stripe], sums)
+
+
+def _open_checksums(
+    token: str, generation: int, source: int, stripe: list[Chunk], words: list[int]
+) -> list[int]:
+    """The checksums of a sealed list from ``source``; :class:`TransferError` if its MAC fails."""
+    sums, mac = words[: len(stripe)], words[len(stripe) :]
+    expected = _checksums_mac(token, generation, source, [c.index for c in stripe], sums)
+    if not hmac.compare_digest(
+        np.array(mac, dtype=np.int64).tobytes(), np.array(expected, dtype=np.int64).tobytes()
+    ):
+        raise TransferError(
+            f"the checksum list from source rank {source} failed authentication: altered in "
+            "transit or not sent by this job"
+        )
+    return sums
 
 
 def _parts(views: list[torch.Tensor], chunk: Chunk) -> list[torch.Tensor]:
@@ -106,7 +162,12 @@ def send_state(
     sizes = [v.numel() for v in views]
     chunk_bytes = chunk_bytes or chunk_size(sum(sizes), len(sources))
     if rank == min(sources):
-        schema = {"tree": tree, "specs": [s.to_json() for s in specs], "chunk_bytes": chunk_bytes}
+        schema = {
+            "generation": generation,
+            "tree": tree,
+            "specs": [s.to_json() for s in specs],
+            "chunk_bytes": chunk_bytes,
+        }
         store.set(schema_key(generation), seal(schema, token))
     chunks = split_chunks(sizes, chunk_bytes)
     mine = assign_stripes(chunks, sources)[rank]
@@ -118,7 +179,8 @@ def send_state(
         for chunk, buffer in zip(mine, wire, strict=True)
     ]
     # Checksums are computed while the communicator moves the bytes, and sent last.
-    checksums = torch.tensor([_checksum(b) for b in wire], dtype=torch.int64, device=device)
+    sealed = _sealed_checksums(token, generation, rank, mine, wire)
+    checksums = torch.tensor(sealed, dtype=torch.int64, device=device)
     works += [pg.send([checksums], receiver, len(chunks) + rank) for receiver in receivers]
     wait(works, _nothing)
     sent = sum(b.numel() for b in wire) * len(receivers)
@@ -136,17 +198,17 @@ def receive_state(
 ) -> TransferResult:
     """Receive the full state from the sources; tensors land in ``own_state``'s where they fit.
 
-    Returns the rebuilt state (``own_state``'s structure replaced by the sources').
+    Returns the rebuilt state (``own_state``'s structure replaced by the sources'). Raises
+    :class:`TransferError` for anything unauthenticated, malformed or corrupted.
     """
     start = time.perf_counter()
-    schema = unseal(store.get(schema_key(generation)), token)
-    specs = [TensorSpec.from_json(s) for s in schema["specs"]]
+    tree, specs, chunk_bytes = _read_schema(store, token, generation)
     _, own_tensors, own_specs = flatten(own_state)
     own = {spec.path: t for spec, t in zip(own_specs, own_tensors, strict=True)}
     device = comm_device(pg)
     targets = [_target_for(spec, own.get(spec.path), device) for spec in specs]
     views = [as_bytes(t) for t in targets]
-    chunks = split_chunks([v.numel() for v in views], int(schema["chunk_bytes"]))
+    chunks = split_chunks([v.numel() for v in views], chunk_bytes)
     stripes = assign_stripes(chunks, sources)
     works: list[dist.Work] = []
     # What each work delivers: (chunk, where its bytes belong, where they land), or None for
@@ -163,7 +225,7 @@ def receive_state(
             )
             works.append(pg.recv([wire], source, chunk.index))
             landed.append((chunk, parts, wire))
-        sums[source] = torch.empty(len(stripe), dtype=torch.int64, device=device)
+        sums[source] = torch.empty(len(stripe) + MAC_WORDS, dtype=torch.int64, device=device)
         works.append(pg.recv([sums[source]], source, len(chunks) + source))
         landed.append(None)
     actual: dict[int, int] = {}
@@ -181,10 +243,40 @@ def receive_state(
 
     wait(works, checksum_landed)
     for source, stripe in stripes.items():
-        _verify(stripe, actual, sums[source].tolist(), source)
-    state = unflatten(schema["tree"], targets)
+        expected = _open_checksums(token, generation, source, stripe, sums[source].tolist())
+        _verify(stripe, actual, expected, source)
+    try:
+        state = unflatten(tree, targets)
+    except (SchemaError, KeyError, TypeError, ValueError) as exc:
+        raise TransferError(
+            f"the state schema of generation {generation} is malformed: {exc}"
+        ) from None
     received = sum(v.numel() for v in views)
     return TransferResult(received, time.perf_counter() - start, state)
+
+
+def _read_schema(
+    store: dist.Store, token: str, generation: int
+) -> tuple[Any, list[TensorSpec], int]:
+    """The sealed schema of ``generation``: (tree, tensor specs, chunk bytes).
+
+    Anyone who can reach the store can write the key, so the schema is acted on only if its
+    MAC verifies and it names this generation (an old generation's schema replayed here does
+    not); otherwise :class:`TransferError`.
+    """
+    try:
+        schema = unseal(store.get(schema_key(generation)), token)
+        if schema.get("generation") != generation:
+            raise WireError(f"it is for generation {schema.get('generation')!r}")
+        specs = [TensorSpec.from_json(s) for s in schema["specs"]]
+        chunk_bytes = int(schema["chunk_bytes"])
+        if chunk_bytes < 1:
+            raise ValueError(f"chunk size {chunk_bytes}")
+        return schema["tree"], specs, chunk_bytes
+    except (WireError, SchemaError, KeyError, TypeError, ValueError) as exc:
+        raise TransferError(
+            f"the state schema of generation {generation} was rejected: {exc}"
+        ) from None
 
 
 def _target_for(
