@@ -1,20 +1,20 @@
 """``torchrelay run`` on one node: the TCP store, the controller, its RPC server and the agent.
 
 The launcher returns the job's exit status: 0 when every slot finished its steps, 1 when the
-controller ended the job (the reason is printed and written to the ledger).
+controller ended the job (the reason is printed and written to the ledger), 143 / 130 when
+SIGTERM / SIGINT stopped it (see :mod:`torchrelay.agent.signals`).
 """
 
 from __future__ import annotations
 
 import datetime
 import os
-import signal
-import threading
 from typing import Any
 
 import torch.distributed as dist
 
 from torchrelay.agent.agent import NodeAgent
+from torchrelay.agent.signals import StopSignals
 from torchrelay.config import JobConfig
 from torchrelay.control.controller import Controller
 from torchrelay.control.service import ControlServer
@@ -78,27 +78,24 @@ class Launch:
         self.server.start()
         self.controller.start_monitor()
         self._publish_endpoint()
-        interrupted = threading.Event()
-        previous = signal.getsignal(signal.SIGINT)
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGINT, lambda *_: interrupted.set())
         try:
-            self.agent.start_workers()
-            for _ in range(self.config.spares):
-                self.agent.start_spare()
-            outcome = None
-            while outcome is None and not interrupted.is_set():
-                outcome = self.controller.wait_finished(timeout=0.5)
-            if outcome is None:
-                self.controller.stop("interrupted by the user (SIGINT)")
-                outcome = self.controller.outcome
-            assert outcome is not None
-            if outcome["status"] != "succeeded" or not self.agent.wait_all(timeout=30.0):
-                self.agent.stop_all()
-            return outcome
+            with StopSignals() as stop:
+                self.agent.start_workers()
+                for _ in range(self.config.spares):
+                    self.agent.start_spare()
+                outcome = None
+                while outcome is None and stop.received is None:
+                    outcome = self.controller.wait_finished(timeout=0.2)
+                if outcome is None:
+                    # From here on, exits are the stop itself: the controller records none
+                    # as a failure and starts no recovery.
+                    self.controller.terminate(stop.name)
+                    outcome = self.controller.outcome
+                assert outcome is not None
+                if outcome["status"] != "succeeded" or not self.agent.wait_all(timeout=30.0):
+                    self.agent.stop_all()
+                return outcome
         finally:
-            if threading.current_thread() is threading.main_thread():
-                signal.signal(signal.SIGINT, previous)
             self.server.stop()
             self.ledger.close()
 
