@@ -10,12 +10,13 @@ any process that carries the job's run directory in its environment.
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 from pathlib import Path
 
 import pytest
 
-from tests.jobs import await_status, job_command
+from tests.jobs import await_status, cli, free_port_pair, job_command
 from tests.lifecycle import await_event, await_gone, job_pids, launched
 from torchrelay.ledger import read_ledger
 from torchrelay.runtime.relay import LEASE_FACTOR
@@ -83,3 +84,91 @@ def test_sigkilled_launcher_leaves_no_process_behind(tmp_path, state):
         launcher.wait()
         seconds = await_gone([run_dir], timeout=LEASE + 1.0)
     print(f"{state}: {len(pids)} processes, all gone {seconds:.2f} s after the launcher's death")
+
+
+STOPPED_BY = [
+    (signal.SIGTERM, "training"),
+    (signal.SIGINT, "training"),
+    (signal.SIGTERM, "recovering"),
+    (signal.SIGTERM, "stopped"),
+]
+
+
+@pytest.mark.parametrize(("signum", "state"), STOPPED_BY, ids=lambda v: getattr(v, "name", v))
+def test_sigterm_and_sigint_end_the_job_as_terminated(tmp_path, signum, state):
+    run_dir = tmp_path / "run"
+    name = signal.Signals(signum).name
+    with start_job(run_dir, state) as launcher:
+        reach(run_dir, state)
+        failures = _failures(run_dir)
+        # SIGTERM as a scheduler sends it, to the launcher; SIGINT as a terminal's Ctrl-C, to
+        # the launcher's process group (the workers are not in it).
+        os.killpg(launcher.pid, signum)
+        assert launcher.wait(timeout=120) == 128 + signum
+        seconds = await_gone([run_dir], timeout=5.0)
+    print(f"{name} while {state}: launcher exited, all gone {seconds:.2f} s later")
+    events = read_ledger(run_dir / "ledger.jsonl")
+    (end,) = [e for e in events if e["event"] == "job_end"]
+    assert end["status"] == "terminated" and end["signal"] == name
+    # The workers' exits were the stop itself: no failure, no recovery, nothing but exits.
+    assert _failures(run_dir) == failures
+    assert {e["event"] for e in events[events.index(end) + 1 :]} <= {"process_exit"}
+    assert f"torchrelay: job terminated by {name}" in run_dir.with_suffix(".out").read_text()
+    report = cli("report", str(run_dir))
+    assert report.returncode == 0 and f"terminated by {name}" in report.stdout, report
+
+
+def _failures(run_dir: Path) -> list[dict]:
+    return [e for e in read_ledger(run_dir / "ledger.jsonl") if e["event"] == "failure"]
+
+
+NODE_TIMEOUT = 10.0  # a remote agent that loses its controller stops within this lease
+
+
+def start_node(node_rank: int, endpoint: str, run_dir: Path, token: str, spares: int):
+    command = job_command(
+        run_dir,
+        nproc=2,
+        spares=spares,
+        steps=STEPS,
+        launcher_args=(
+            *("--nnodes", "2", "--node-rank", str(node_rank), "--rdzv-endpoint", endpoint),
+            *("--node-timeout", str(NODE_TIMEOUT), "--hang-floor", str(HANG_FLOOR)),
+        ),
+    )
+    return launched(command, run_dir, env={**os.environ, "TORCHRELAY_JOB_TOKEN": token})
+
+
+def _two_nodes(tmp_path: Path, spares: tuple[int, int]):
+    endpoint, token = f"127.0.0.1:{free_port_pair()}", secrets.token_hex(16)
+    runs = (tmp_path / "node0", tmp_path / "node1")
+    return runs, [start_node(r, endpoint, runs[r], token, spares[r]) for r in (0, 1)]
+
+
+def test_remote_node_stops_when_the_controllers_launcher_is_killed(tmp_path):
+    (run0, run1), (first, second) = _two_nodes(tmp_path, spares=(1, 1))
+    with first as node0, second as node1:
+        await_status(run0, lambda s: s["steps_committed"] >= 3 and len(s["spares"]) == 2)
+        node0.send_signal(signal.SIGKILL)
+        node0.wait()
+        seconds = await_gone([run0, run1], timeout=NODE_TIMEOUT + 1.0)
+        assert node1.wait(timeout=30) == 1
+    print(f"controller's launcher killed: both nodes gone {seconds:.2f} s later")
+    assert "lost the controller" in run1.with_suffix(".out").read_text()
+
+
+def test_sigterm_stops_a_remote_node_and_then_the_controllers_node(tmp_path):
+    (run0, run1), (first, second) = _two_nodes(tmp_path, spares=(2, 0))
+    with first as node0, second as node1:
+        await_status(run0, lambda s: s["steps_committed"] >= 3 and len(s["spares"]) == 2)
+        node1.send_signal(signal.SIGTERM)
+        assert node1.wait(timeout=60) == 143
+        assert not job_pids(run1)  # stopped before its launcher exited
+        # node 0 sees node 1 leave and recovers its slots; meanwhile the job is terminated
+        await_event(run0, lambda e: e["event"] == "node_lost")
+        node0.send_signal(signal.SIGTERM)
+        assert node0.wait(timeout=120) == 143
+        await_gone([run0], timeout=5.0)
+    assert "received SIGTERM" in run1.with_suffix(".out").read_text()
+    (end,) = [e for e in read_ledger(run0 / "ledger.jsonl") if e["event"] == "job_end"]
+    assert end["status"] == "terminated" and end["signal"] == "SIGTERM"

@@ -196,7 +196,8 @@ class Controller:
                 self.outcome = {
                     "status": "terminated",
                     "signal": signal_name,
-                    "reason": f"the launcher received {signal_name}; workers and spares stopped",
+                    "reason": "stopped from outside (a scheduler, an operator or Ctrl-C); "
+                    "workers and spares were stopped",
                     "steps_committed": self.highest_committed + 1,
                 }
                 self.ledger.record("job_end", **self.outcome)
