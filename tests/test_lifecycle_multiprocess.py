@@ -86,24 +86,45 @@ def test_sigkilled_launcher_leaves_no_process_behind(tmp_path, state):
     print(f"{state}: {len(pids)} processes, all gone {seconds:.2f} s after the launcher's death")
 
 
+def _to_launcher(launcher, run_dir: Path, signum: int) -> None:
+    """As Kubernetes sends it: to the container's first process only."""
+    launcher.send_signal(signum)
+
+
+def _to_terminal_group(launcher, run_dir: Path, signum: int) -> None:
+    """As a terminal sends Ctrl-C: to its foreground process group, the launcher's (the
+    workers lead groups of their own)."""
+    os.killpg(launcher.pid, signum)
+
+
+def _to_every_process(launcher, run_dir: Path, signum: int) -> None:
+    """As Slurm's scancel sends it: to every process of the job, the workers first here."""
+    for pid in job_pids(run_dir):
+        os.kill(pid, signum)
+    launcher.send_signal(signum)
+
+
 STOPPED_BY = [
-    (signal.SIGTERM, "training"),
-    (signal.SIGINT, "training"),
-    (signal.SIGTERM, "recovering"),
-    (signal.SIGTERM, "stopped"),
+    (signal.SIGTERM, "training", _to_launcher),
+    (signal.SIGINT, "training", _to_terminal_group),
+    (signal.SIGTERM, "training", _to_every_process),
+    (signal.SIGTERM, "recovering", _to_launcher),
+    (signal.SIGTERM, "stopped", _to_launcher),
 ]
 
 
-@pytest.mark.parametrize(("signum", "state"), STOPPED_BY, ids=lambda v: getattr(v, "name", v))
-def test_sigterm_and_sigint_end_the_job_as_terminated(tmp_path, signum, state):
+@pytest.mark.parametrize(
+    ("signum", "state", "send"),
+    STOPPED_BY,
+    ids=lambda v: getattr(v, "name", getattr(v, "__name__", v)),
+)
+def test_sigterm_and_sigint_end_the_job_as_terminated(tmp_path, signum, state, send):
     run_dir = tmp_path / "run"
     name = signal.Signals(signum).name
     with start_job(run_dir, state) as launcher:
         reach(run_dir, state)
         failures = _failures(run_dir)
-        # SIGTERM as a scheduler sends it, to the launcher; SIGINT as a terminal's Ctrl-C, to
-        # the launcher's process group (the workers are not in it).
-        os.killpg(launcher.pid, signum)
+        send(launcher, run_dir, signum)
         assert launcher.wait(timeout=120) == 128 + signum
         seconds = await_gone([run_dir], timeout=5.0)
     print(f"{name} while {state}: launcher exited, all gone {seconds:.2f} s later")

@@ -14,7 +14,7 @@ from typing import Any
 import torch.distributed as dist
 
 from torchrelay.agent.agent import NodeAgent
-from torchrelay.agent.signals import StopSignals
+from torchrelay.agent.signals import ALONGSIDE, STOP_SIGNALS, StopSignals
 from torchrelay.config import JobConfig
 from torchrelay.control.controller import Controller
 from torchrelay.control.service import ControlServer
@@ -39,6 +39,7 @@ class Launch:
             wait_for_workers=False,
             timeout=datetime.timedelta(seconds=config.collective_timeout),
         )
+        self._stop = StopSignals()
         self.agent = NodeAgent(
             config, node=f"node{config.node_rank}", on_exit=self._on_exit, label=self._label
         )
@@ -62,6 +63,8 @@ class Launch:
         return process.replace("worker", "rank")
 
     def _on_exit(self, process: str, returncode: int) -> None:
+        if -returncode in STOP_SIGNALS and self._stop.follows(ALONGSIDE):
+            self.controller.terminate(self._stop.name)  # before the exit: it is no failure
         self.controller.on_exit(process, returncode)
 
     def run(self) -> dict[str, Any]:
@@ -79,7 +82,7 @@ class Launch:
         self.controller.start_monitor()
         self._publish_endpoint()
         try:
-            with StopSignals() as stop:
+            with self._stop as stop:
                 self.agent.start_workers()
                 for _ in range(self.config.spares):
                     self.agent.start_spare()

@@ -22,7 +22,7 @@ from typing import Any
 
 from torchrelay.agent import partition
 from torchrelay.agent.agent import NodeAgent
-from torchrelay.agent.signals import StopSignals, exit_status
+from torchrelay.agent.signals import ALONGSIDE, STOP_SIGNALS, StopSignals, exit_status
 from torchrelay.config import JobConfig
 from torchrelay.control.lease import HEARTBEAT_RPC_TIMEOUT, keep_alive
 from torchrelay.control.service import ControlClient, ControlError
@@ -38,10 +38,10 @@ class RemoteNode:
         self.client = ControlClient(control, token, process=f"agent@{self.node}")
         self.agent = NodeAgent(config, self.node, on_exit=self._on_exit)
         self.agent.configure(config.master_port, control, token)
+        self._stop = StopSignals()
         self._stopped = threading.Event()
         self._isolated: str | None = None
         self._finished = False  # the controller said the job is over
-        self._terminated = False  # a signal is stopping this node
 
     def _say(self, message: str) -> None:
         # Never raises: whoever read our stderr may be gone, and this node must still stop.
@@ -49,7 +49,9 @@ class RemoteNode:
             os.write(2, f"torchrelay [{self.node}]: {message}\n".encode(errors="replace"))
 
     def _on_exit(self, process: str, returncode: int) -> None:
-        if self._isolated is not None or self._terminated:
+        if -returncode in STOP_SIGNALS:
+            self._stop.follows(ALONGSIDE)  # is it this node's stop? (see signals.ALONGSIDE)
+        if self._isolated is not None or self._stop.received is not None:
             return
         try:
             self.client.node_report(self.node, "exit", exited=process, returncode=returncode)
@@ -61,7 +63,7 @@ class RemoteNode:
         controller is gone or this node was cut off, 128 + N when signal N (SIGTERM, SIGINT)
         stopped it. This node's workers and spares are stopped in every case."""
         joined = self.client.node_join(self.node)
-        with StopSignals() as stop:
+        with self._stop as stop:
             self.agent.start_workers()
             for _ in range(self.config.spares):
                 self.agent.start_spare()
@@ -79,7 +81,6 @@ class RemoteNode:
             while serving.is_alive() and stop.received is None:
                 serving.join(timeout=0.2)
             if stop.received is not None:
-                self._terminated = True
                 self._say(f"received {stop.name}: stopping this node's workers and spares")
                 self._stopped.set()
                 self.client.close()  # the controller sees this node leave at once
@@ -107,7 +108,7 @@ class RemoteNode:
                     self._finished = True
                     return
         except ControlError as exc:
-            if self._isolated is None and not self._terminated:
+            if self._isolated is None and self._stop.received is None:
                 self._say(f"lost the controller ({exc}); stopping this node")
         finally:
             self._stopped.set()

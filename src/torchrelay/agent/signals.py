@@ -7,9 +7,14 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from types import FrameType, TracebackType
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# A scheduler may signal every process of the job at once (Slurm's scancel does): a worker
+# killed by SIGTERM is part of that stop, not a failure, if the launcher's own signal follows
+# within this many seconds. A worker SIGTERMed alone is detected this much later.
+ALONGSIDE = 2.0
 
 
 class StopSignals:
@@ -43,6 +48,14 @@ class StopSignals:
     def _catch(self, signum: int, frame: FrameType | None) -> None:
         if self.received is None:
             self.received = signum
+
+    def follows(self, timeout: float) -> bool:
+        """Whether a stop signal has arrived, or arrives within ``timeout`` seconds (polled:
+        the handler cannot notify anyone)."""
+        deadline = time.monotonic() + timeout
+        while self.received is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return self.received is not None
 
     @property
     def name(self) -> str:
