@@ -34,15 +34,24 @@ def job_pids(run_dir: Path) -> set[int]:
 
 def await_gone(run_dirs: list[Path], timeout: float) -> float:
     """Seconds until no process of the jobs of ``run_dirs`` is left; fails after ``timeout``."""
+    return _await_none(lambda: set().union(*(job_pids(d) for d in run_dirs)), timeout)
+
+
+def await_reaped(pids: set[int], timeout: float = 60) -> float:
+    """Seconds until every one of ``pids`` has exited and been reaped by its parent."""
+    return _await_none(lambda: {pid for pid in pids if Path(f"/proc/{pid}").exists()}, timeout)
+
+
+def _await_none(left: Callable[[], set[int]], timeout: float) -> float:
     start = time.monotonic()
     while True:
-        left = set().union(*(job_pids(d) for d in run_dirs))
+        alive = left()
         elapsed = time.monotonic() - start
-        if not left:
+        if not alive:
             return elapsed
         if elapsed > timeout:
-            raise AssertionError(f"processes of the job still alive after {elapsed:.1f} s: {left}")
-        time.sleep(0.05)
+            raise AssertionError(f"processes still alive after {elapsed:.1f} s: {alive}")
+        time.sleep(0.02)
 
 
 def await_event(

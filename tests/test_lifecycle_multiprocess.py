@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.jobs import await_status, cli, free_port_pair, job_command
-from tests.lifecycle import await_event, await_gone, job_pids, launched
+from tests.lifecycle import await_event, await_gone, await_reaped, job_pids, launched
 from torchrelay.ledger import read_ledger
 from torchrelay.runtime.relay import LEASE_FACTOR
 
@@ -98,9 +98,12 @@ def _to_terminal_group(launcher, run_dir: Path, signum: int) -> None:
 
 
 def _to_every_process(launcher, run_dir: Path, signum: int) -> None:
-    """As Slurm's scancel sends it: to every process of the job, the workers first here."""
-    for pid in job_pids(run_dir):
+    """As Slurm's scancel sends it: to every process of the job; in the worst order, to the
+    launcher last, once its agent has reaped the others (and is about to report them)."""
+    others = job_pids(run_dir)
+    for pid in others:
         os.kill(pid, signum)
+    await_reaped(others)
     launcher.send_signal(signum)
 
 
