@@ -7,10 +7,12 @@ recovery thread and from RPC threads, which end. So every ``Popen`` runs on one 
 thread that lives as long as the process (:func:`spawn`); a child forked by a thread that
 then ends would be killed with it.
 
-Each process also leads a session (and process group) of its own: a terminal's Ctrl-C
-reaches the launcher only, which then stops the job in order; and signalling the group
-(:func:`signal_group`) reaches what a worker started itself (data loader workers, a
-compiler) too.
+Each process also leads a session (and process group) of its own, as under torchrun
+(torch.distributed.elastic's SubprocessHandler): a terminal's Ctrl-C reaches the launcher
+only, which then stops the job in order; and signalling the group (:func:`signal_group`)
+reaches what a worker started itself (data loader workers, a compiler) too. Those
+grandchildren are not bound to the launcher's death: PyTorch's data loader workers watch
+their parent and leave within seconds of it.
 """
 
 from __future__ import annotations
@@ -45,8 +47,9 @@ def spawn(command: list[str], **popen: Any) -> subprocess.Popen[bytes]:
             _spawner = threading.Thread(target=_serve, name="torchrelay-spawner", daemon=True)
             _spawner.start()
     done: Future[subprocess.Popen[bytes]] = Future()
-    wrapped = [sys.executable, "-I", "-S", str(TRAMPOLINE), str(os.getpid()), *command]
-    _requests.put((wrapped, {**popen, "start_new_session": True}, done))
+    if sys.platform.startswith("linux"):  # elsewhere there is no parent-death signal
+        command = [sys.executable, "-I", "-S", str(TRAMPOLINE), str(os.getpid()), *command]
+    _requests.put((command, {**popen, "start_new_session": True}, done))
     return done.result()
 
 
