@@ -63,8 +63,12 @@ class Launch:
         return process.replace("worker", "rank")
 
     def _on_exit(self, process: str, returncode: int) -> None:
-        if -returncode in STOP_SIGNALS and self._stop.follows(ALONGSIDE):
-            self.controller.terminate(self._stop.name)  # before the exit: it is no failure
+        # Killed by SIGTERM/SIGINT: maybe by the stop its launcher is about to get (see
+        # signals.ALONGSIDE); then the job ends before this exit is seen, as no failure.
+        # Once the job has ended, every exit is part of the stop: nothing to wait for.
+        shared = -returncode in STOP_SIGNALS and not self.controller.finished
+        if shared and self._stop.follows(ALONGSIDE):
+            self.controller.terminate(self._stop.name)
         self.controller.on_exit(process, returncode)
 
     def run(self) -> dict[str, Any]:

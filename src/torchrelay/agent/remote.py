@@ -49,7 +49,7 @@ class RemoteNode:
             os.write(2, f"torchrelay [{self.node}]: {message}\n".encode(errors="replace"))
 
     def _on_exit(self, process: str, returncode: int) -> None:
-        if -returncode in STOP_SIGNALS:
+        if -returncode in STOP_SIGNALS and not self._stopped.is_set():
             self._stop.follows(ALONGSIDE)  # is it this node's stop? (see signals.ALONGSIDE)
         if self._isolated is not None or self._stop.received is not None:
             return
