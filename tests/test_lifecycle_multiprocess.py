@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import secrets
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -127,10 +128,13 @@ def test_sigterm_and_sigint_end_the_job_as_terminated(tmp_path, signum, state, s
     with start_job(run_dir, state) as launcher:
         reach(run_dir, state)
         failures = _failures(run_dir)
+        sent = time.monotonic()
         send(launcher, run_dir, signum)
         assert launcher.wait(timeout=120) == 128 + signum
+        stopped = time.monotonic() - sent
         seconds = await_gone([run_dir], timeout=5.0)
-    print(f"{name} while {state}: launcher exited, all gone {seconds:.2f} s later")
+    print(f"{name} while {state}: the launcher exited after {stopped:.2f} s, all gone then")
+    assert seconds < 1.0  # its workers and spares were stopped before it exited
     events = read_ledger(run_dir / "ledger.jsonl")
     (end,) = [e for e in events if e["event"] == "job_end"]
     assert end["status"] == "terminated" and end["signal"] == name
