@@ -4,20 +4,25 @@ It starts workers and spares with the job's environment, writes each process's o
 ``RUN_DIR/logs/<process>.log`` while streaming it with a prefix, reports every exit to the
 controller as soon as ``waitpid`` returns, and executes fences (SIGKILL), so a process the
 controller declared dead can never take part again.
+
+Processes are started by :func:`spawn.spawn`: none outlives the launcher (a parent-death
+signal), and each leads its own process group, which every signal here goes to, so what a
+worker started itself goes with it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
 import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import IO
 
+from torchrelay.agent.spawn import signal_group, spawn
 from torchrelay.config import JobConfig
 
 ExitCallback = Callable[[str, int], None]
@@ -105,7 +110,7 @@ class NodeAgent:
             "TORCHRELAY_NODE": self.node,
         }
         command = [sys.executable, "-u", self.config.script, *self.config.script_args]
-        proc = subprocess.Popen(
+        proc = spawn(
             command,
             env=env,
             stdout=subprocess.PIPE,
@@ -114,6 +119,8 @@ class NodeAgent:
         )
         with self._lock:
             self._procs[process] = proc
+            if self._stopping:  # stop_all() ran while it was being started
+                signal_group(proc.pid, signal.SIGKILL)
         thread = threading.Thread(
             target=self._supervise, args=(process, proc), name=f"agent-{process}", daemon=True
         )
@@ -126,6 +133,8 @@ class NodeAgent:
         pump = threading.Thread(target=self._pump, args=(process, proc.stdout), daemon=True)
         pump.start()
         returncode = proc.wait()
+        # Its group outlives it if it left children behind (data loader workers): not for long.
+        signal_group(proc.pid, signal.SIGKILL)
         pump.join(timeout=2.0)
         self._on_exit(process, returncode)
 
@@ -145,12 +154,11 @@ class NodeAgent:
         return None if proc is None else proc.pid
 
     def kill(self, process: str, signum: int = signal.SIGKILL) -> None:
-        """Send ``signum`` to ``process`` if it is still alive; the default SIGKILL fences it
-        (it works on stopped processes too)."""
+        """Send ``signum`` to ``process`` (its process group) if it is still alive; the
+        default SIGKILL fences it (it works on stopped processes too)."""
         proc = self._procs.get(process)
         if proc is not None and proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signum)
+            signal_group(proc.pid, signum)
 
     def kill_all(self) -> None:
         """SIGKILL every process of this node at once (a lost node, or an isolated one)."""
@@ -165,19 +173,24 @@ class NodeAgent:
             return [name for name, proc in self._procs.items() if proc.poll() is None]
 
     def stop_all(self, grace: float = 5.0) -> None:
-        """SIGTERM everything, then SIGKILL what is left after ``grace`` seconds."""
+        """SIGTERM every process group, SIGKILL what is left after ``grace`` seconds, and
+        return once every exit has been handed to ``on_exit`` (a few seconds at most)."""
         with self._lock:
             self._stopping = True
             procs = list(self._procs.values())
         for proc in procs:
             if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
+                signal_group(proc.pid, signal.SIGTERM)
+                signal_group(proc.pid, signal.SIGCONT)  # a stopped process acts on it now
+        deadline = time.monotonic() + grace
         for proc in procs:
             try:
-                proc.wait(timeout=grace)
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                proc.kill()
+                signal_group(proc.pid, signal.SIGKILL)
                 proc.wait()
+        for thread in list(self._threads):
+            thread.join(timeout=5.0)
 
     def wait_all(self, timeout: float) -> bool:
         """Wait until every process has exited; ``False`` on timeout."""

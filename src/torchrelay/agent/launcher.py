@@ -1,22 +1,22 @@
 """``torchrelay run`` on one node: the TCP store, the controller, its RPC server and the agent.
 
 The launcher returns the job's exit status: 0 when every slot finished its steps, 1 when the
-controller ended the job (the reason is printed and written to the ledger). A rendezvous
-endpoint that cannot be served here, or a run directory that already holds a job, is refused
-with a one-line error before anything starts.
+controller ended the job (the reason is printed and written to the ledger), 143 / 130 when
+SIGTERM / SIGINT stopped it (see :mod:`torchrelay.agent.signals`). A rendezvous endpoint that
+cannot be served here, or a run directory that already holds a job, is refused with a one-line
+error before anything starts.
 """
 
 from __future__ import annotations
 
 import datetime
 import os
-import signal
-import threading
 from typing import Any
 
 from torchrelay.agent.agent import NodeAgent
 from torchrelay.agent.rendezvous import RendezvousError, bind_rendezvous, serve_store
 from torchrelay.agent.rundir import RunDirError, claim_run_dir, create_exclusive
+from torchrelay.agent.signals import ALONGSIDE, STOP_SIGNALS, StopSignals
 from torchrelay.config import JobConfig
 from torchrelay.control.controller import Controller
 from torchrelay.control.service import ControlServer
@@ -39,6 +39,7 @@ class Launch:
             # prefixed by generation), hosted here so it lives exactly as long as the job.
             timeout = datetime.timedelta(seconds=config.collective_timeout)
             self.store = serve_store(listener, timeout)
+            self._stop = StopSignals()
             self.agent = NodeAgent(
                 config, node=f"node{config.node_rank}", on_exit=self._on_exit, label=self._label
             )
@@ -66,6 +67,12 @@ class Launch:
         return process.replace("worker", "rank")
 
     def _on_exit(self, process: str, returncode: int) -> None:
+        # Killed by SIGTERM/SIGINT: maybe by the stop its launcher is about to get (see
+        # signals.ALONGSIDE); then the job ends before this exit is seen, as no failure.
+        # Once the job has ended, every exit is part of the stop: nothing to wait for.
+        shared = -returncode in STOP_SIGNALS and not self.controller.finished
+        if shared and self._stop.follows(ALONGSIDE):
+            self.controller.terminate(self._stop.name)
         self.controller.on_exit(process, returncode)
 
     def run(self) -> dict[str, Any]:
@@ -82,27 +89,24 @@ class Launch:
         self.server.start()
         self.controller.start_monitor()
         self._publish_endpoint()
-        interrupted = threading.Event()
-        previous = signal.getsignal(signal.SIGINT)
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGINT, lambda *_: interrupted.set())
         try:
-            self.agent.start_workers()
-            for _ in range(self.config.spares):
-                self.agent.start_spare()
-            outcome = None
-            while outcome is None and not interrupted.is_set():
-                outcome = self.controller.wait_finished(timeout=0.5)
-            if outcome is None:
-                self.controller.stop("interrupted by the user (SIGINT)")
-                outcome = self.controller.outcome
-            assert outcome is not None
-            if outcome["status"] != "succeeded" or not self.agent.wait_all(timeout=30.0):
-                self.agent.stop_all()
-            return outcome
+            with self._stop as stop:
+                self.agent.start_workers()
+                for _ in range(self.config.spares):
+                    self.agent.start_spare()
+                outcome = None
+                while outcome is None and stop.received is None:
+                    outcome = self.controller.wait_finished(timeout=0.2)
+                if outcome is None:
+                    # From here on, exits are the stop itself: the controller records none
+                    # as a failure and starts no recovery.
+                    self.controller.terminate(stop.name)
+                    outcome = self.controller.outcome
+                assert outcome is not None
+                if outcome["status"] != "succeeded" or not self.agent.wait_all(timeout=30.0):
+                    self.agent.stop_all()
+                return outcome
         finally:
-            if threading.current_thread() is threading.main_thread():
-                signal.signal(signal.SIGINT, previous)
             self.server.stop()
             self.ledger.close()
 

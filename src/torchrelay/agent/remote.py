@@ -8,7 +8,8 @@ node 0 over the control RPC: heartbeats and process exits go out as ``NodeReport
 If this process dies, the controller sees the stream drop; if it is cut off, the controller
 sees its heartbeats stop. Either way every process of the node is declared lost. A cut-off
 agent holds a lease (:mod:`torchrelay.control.lease`): once it expires, the agent kills its
-workers and exits, so an isolated node never rejoins the job with stale state.
+workers and exits, so an isolated node never rejoins the job with stale state. SIGTERM and
+SIGINT stop this node's workers and spares, and the agent exits 143 / 130.
 """
 
 from __future__ import annotations
@@ -16,12 +17,12 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import sys
 import threading
 from typing import Any
 
 from torchrelay.agent import partition
 from torchrelay.agent.agent import NodeAgent
+from torchrelay.agent.signals import ALONGSIDE, STOP_SIGNALS, StopSignals, exit_status
 from torchrelay.config import JobConfig
 from torchrelay.control.lease import HEARTBEAT_RPC_TIMEOUT, keep_alive
 from torchrelay.control.service import ControlClient, ControlError
@@ -37,14 +38,20 @@ class RemoteNode:
         self.client = ControlClient(control, token, process=f"agent@{self.node}")
         self.agent = NodeAgent(config, self.node, on_exit=self._on_exit)
         self.agent.configure(config.master_port, control, token)
+        self._stop = StopSignals()
         self._stopped = threading.Event()
         self._isolated: str | None = None
+        self._finished = False  # the controller said the job is over
 
     def _say(self, message: str) -> None:
-        print(f"torchrelay [{self.node}]: {message}", file=sys.stderr, flush=True)
+        # Never raises: whoever read our stderr may be gone, and this node must still stop.
+        with contextlib.suppress(OSError):
+            os.write(2, f"torchrelay [{self.node}]: {message}\n".encode(errors="replace"))
 
     def _on_exit(self, process: str, returncode: int) -> None:
-        if self._isolated is not None:
+        if -returncode in STOP_SIGNALS and not self._stopped.is_set():
+            self._stop.follows(ALONGSIDE)  # is it this node's stop? (see signals.ALONGSIDE)
+        if self._isolated is not None or self._stop.received is not None:
             return
         try:
             self.client.node_report(self.node, "exit", exited=process, returncode=returncode)
@@ -52,18 +59,43 @@ class RemoteNode:
             self._say(f"could not report the exit of {process}: {exc}")
 
     def run(self) -> int:
-        """Serve the controller's commands until the job finishes; 0 on success."""
+        """Serve the controller's commands until the job finishes; 0 on success, 1 when the
+        controller is gone or this node was cut off, 128 + N when signal N (SIGTERM, SIGINT)
+        stopped it. This node's workers and spares are stopped in every case."""
         joined = self.client.node_join(self.node)
-        self.agent.start_workers()
-        for _ in range(self.config.spares):
-            self.agent.start_spare()
-        heartbeat = threading.Thread(
-            target=self._heartbeat,
-            args=(float(joined["node_timeout"]),),
-            name="torchrelay-node-heartbeat",
-            daemon=True,
-        )
-        heartbeat.start()
+        with self._stop as stop:
+            self.agent.start_workers()
+            for _ in range(self.config.spares):
+                self.agent.start_spare()
+            heartbeat = threading.Thread(
+                target=self._heartbeat,
+                args=(float(joined["node_timeout"]),),
+                name="torchrelay-node-heartbeat",
+                daemon=True,
+            )
+            heartbeat.start()
+            serving = threading.Thread(
+                target=self._serve, name="torchrelay-node-commands", daemon=True
+            )
+            serving.start()
+            while serving.is_alive() and stop.received is None:
+                serving.join(timeout=0.2)
+            if stop.received is not None:
+                self._say(f"received {stop.name}: stopping this node's workers and spares")
+                self._stopped.set()
+                self.client.close()  # the controller sees this node leave at once
+                self.agent.stop_all()
+                serving.join(timeout=5.0)
+                return exit_status(stop.name)
+        if self._finished and self.agent.wait_all(timeout=30.0):
+            return 0
+        if self._isolated is not None:
+            self._say(self._isolated)
+        self.agent.stop_all()
+        return 1
+
+    def _serve(self) -> None:
+        """Carry out the controller's commands until ``finish`` or the stream breaks."""
         try:
             for command in self.client.node_watch(self.node):
                 if command["type"] == "start_spare":
@@ -73,18 +105,13 @@ class RemoteNode:
                 elif command["type"] == "chaos":
                     self._chaos(command)
                 elif command["type"] == "finish":
-                    self._stopped.set()
-                    finished = self.agent.wait_all(timeout=30.0)
-                    return 0 if finished else 1
+                    self._finished = True
+                    return
         except ControlError as exc:
-            if self._isolated is None:
+            if self._isolated is None and self._stop.received is None:
                 self._say(f"lost the controller ({exc}); stopping this node")
         finally:
             self._stopped.set()
-        if self._isolated is not None:
-            self._say(self._isolated)
-        self.agent.stop_all()
-        return 1
 
     def _heartbeat(self, node_timeout: float) -> None:
         def beat() -> float:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from torchrelay.agent.launcher import control_port, job_token, launch
 from torchrelay.agent.remote import RemoteNode
+from torchrelay.agent.signals import exit_status
 from torchrelay.chaos import ChaosSpecError, parse_schedule
 from torchrelay.config import JobConfig
 from torchrelay.report.summary import render_text, summarize
@@ -156,6 +157,9 @@ def run(args: argparse.Namespace) -> int:
         return RemoteNode(config, control, job_token(config)).run()
     outcome = launch(config)
     print(render_text(summarize(config.run_dir)), flush=True)
+    if outcome["status"] == "terminated":
+        print(f"torchrelay: job terminated by {outcome['signal']}", flush=True)
+        return exit_status(outcome["signal"])
     if outcome["status"] != "succeeded":
         if outcome.get("traceback"):
             print(outcome["traceback"], flush=True)

@@ -188,9 +188,24 @@ class Controller:
             }
 
     def stop(self, reason: str) -> None:
-        """End the job as failed with ``reason`` (operator interrupt, launcher shutdown)."""
+        """End the job as failed with ``reason`` (launcher shutdown)."""
         with self._cond:
             self._fail(reason)
+
+    def terminate(self, signal_name: str) -> None:
+        """End the job as ``terminated``: stopped from outside (a scheduler's SIGTERM, a
+        Ctrl-C), not failed. Exits seen from now on are the stop itself, not failures."""
+        with self._cond:
+            if self.outcome is None:
+                self.outcome = {
+                    "status": "terminated",
+                    "signal": signal_name,
+                    "reason": "stopped from outside (a scheduler, an operator or Ctrl-C); "
+                    "workers and spares were stopped",
+                    "steps_committed": self.highest_committed + 1,
+                }
+                self.ledger.record("job_end", **self.outcome)
+                self._cond.notify_all()
 
     # ---------------------------------------------------------------- reports
     def join(self, process: str, role: str, pid: int, node: str, slot: int | None) -> dict:

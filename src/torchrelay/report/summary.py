@@ -40,6 +40,7 @@ def summarize(run_dir: Path) -> dict[str, Any]:
         "run_dir": str(run_dir),
         "status": end["status"] if end else "running",
         "reason": end.get("reason") if end else None,
+        "signal": end.get("signal") if end else None,  # what terminated it (SIGTERM, SIGINT)
         "world_size": start["world_size"] if start else None,
         "wall_seconds": (end["t"] - start["t"]) if start and end else None,
         "steps_committed": end["steps_committed"] if end else None,
@@ -93,6 +94,7 @@ def render_text(summary: dict[str, Any]) -> str:
     failures = summary["failures"]
     lines = [
         f"run {summary['run_dir']}: {summary['status']}"
+        + (f" by {summary['signal']}" if summary.get("signal") else "")
         + (f" -- {summary['reason']}" if summary.get("reason") else ""),
         f"  steps committed: {summary['steps_committed']}   world size: {summary['world_size']}"
         + (f"   wall time: {summary['wall_seconds']:.1f} s" if summary["wall_seconds"] else ""),

@@ -13,7 +13,7 @@ import queue
 import sys
 import threading
 import traceback
-from typing import Any
+from typing import Any, NoReturn
 
 from torchrelay.control.lease import HEARTBEAT_RPC_TIMEOUT, keep_alive
 from torchrelay.control.service import ControlClient, ControlError
@@ -81,34 +81,39 @@ class ControlLink:
             return LEASE_FACTOR * float(reply["hang_timeout"])
 
         def expired(silence: float, lease: float, error: ControlError) -> None:
-            print(
-                f"torchrelay: no heartbeat reached the controller for {silence:.1f} s (lease "
-                f"{lease:.1f} s, last error {error.code}); this replica is presumed replaced "
-                "and stops here",
-                file=sys.stderr,
-                flush=True,
+            # Whatever the error (DEADLINE_EXCEEDED from a server that is gone, a cut link):
+            # past the lease, the job has gone on without this replica, or is no more.
+            _leave(
+                EXIT_FENCED,
+                f"no heartbeat reached the controller for {silence:.1f} s (lease {lease:.1f} s, "
+                f"last error {error.code}); this replica is presumed replaced and stops here",
             )
-            os._exit(EXIT_FENCED)
 
         keep_alive(beat, self._closing, _die_on_control_error, expired)
 
 
 def _die_on_control_error(exc: ControlError) -> None:
     if exc.code == "FAILED_PRECONDITION":
-        print(
-            f"torchrelay: this process was fenced out of the job and must not continue: "
-            f"{exc.message}",
-            file=sys.stderr,
-            flush=True,
+        _leave(
+            EXIT_FENCED,
+            f"this process was fenced out of the job and must not continue: {exc.message}",
         )
-        os._exit(EXIT_FENCED)
     if exc.code in ("UNAVAILABLE", "CANCELLED"):
-        print(
-            f"torchrelay: lost the controller ({exc.message}); the launcher is gone, exiting",
-            file=sys.stderr,
-            flush=True,
+        _leave(
+            EXIT_CONTROLLER_LOST,
+            f"lost the controller ({exc.message}); the launcher is gone, exiting",
         )
-        os._exit(EXIT_CONTROLLER_LOST)
+
+
+def _leave(status: int, why: str) -> NoReturn:
+    """Say ``why`` on stderr if it can, and end this process now with ``status``.
+
+    Never raises: when the launcher is gone, so is the reader of our stderr pipe, and a
+    ``print`` would raise BrokenPipeError and kill the calling thread instead of the process.
+    """
+    with contextlib.suppress(OSError):
+        os.write(2, f"torchrelay: {why}\n".encode(errors="replace"))
+    os._exit(status)
 
 
 def install_excepthook(relay: ControlLink) -> None:

@@ -1,0 +1,69 @@
+"""Starting the job's processes so that none outlives the launcher, and stopping them whole.
+
+Every process is started through the :mod:`deathsig` trampoline: the kernel SIGKILLs it when
+the launcher dies, however it dies. Linux sends that parent-death signal when the *thread*
+that forked the child exits, not the process -- and spares are started from the controller's
+recovery thread and from RPC threads, which end. So every ``Popen`` runs on one spawner
+thread that lives as long as the process (:func:`spawn`); a child forked by a thread that
+then ends would be killed with it.
+
+Each process also leads a session (and process group) of its own, as under torchrun
+(torch.distributed.elastic's SubprocessHandler): a terminal's Ctrl-C reaches the launcher
+only, which then stops the job in order; and signalling the group (:func:`signal_group`)
+reaches what a worker started itself (data loader workers, a compiler) too. Those
+grandchildren are not bound to the launcher's death: PyTorch's data loader workers watch
+their parent and leave within seconds of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import subprocess
+import sys
+import threading
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+TRAMPOLINE = Path(__file__).with_name("deathsig.py")
+
+_requests: queue.Queue[tuple[list[str], dict[str, Any], Future]] = queue.Queue()
+_spawner: threading.Thread | None = None
+_spawner_lock = threading.Lock()
+
+
+def spawn(command: list[str], **popen: Any) -> subprocess.Popen[bytes]:
+    """``subprocess.Popen(command, **popen)``, in a session of its own, SIGKILLed by the
+    kernel if this process dies; forked on the spawner thread (see the module docstring).
+
+    Thread-safe; raises what ``Popen`` raises.
+    """
+    global _spawner
+    with _spawner_lock:
+        if _spawner is None:
+            # A daemon that never returns: it ends with the process, never before.
+            _spawner = threading.Thread(target=_serve, name="torchrelay-spawner", daemon=True)
+            _spawner.start()
+    done: Future[subprocess.Popen[bytes]] = Future()
+    if sys.platform.startswith("linux"):  # elsewhere there is no parent-death signal
+        command = [sys.executable, "-I", "-S", str(TRAMPOLINE), str(os.getpid()), *command]
+    _requests.put((command, {**popen, "start_new_session": True}, done))
+    return done.result()
+
+
+def _serve() -> None:
+    while True:
+        command, popen, done = _requests.get()
+        try:
+            done.set_result(subprocess.Popen(command, **popen))
+        except BaseException as exc:  # handed to the caller, this thread must go on
+            done.set_exception(exc)
+
+
+def signal_group(pid: int, signum: int) -> None:
+    """Send ``signum`` to the process group led by ``pid`` (started by :func:`spawn`); a
+    group that no longer exists is not an error."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signum)

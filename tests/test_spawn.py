@@ -1,0 +1,113 @@
+"""Processes started by the agent die with the launcher, and only with it (not with the
+thread that happened to start them): :mod:`torchrelay.agent.spawn`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+from torchrelay.agent.spawn import TRAMPOLINE, spawn
+
+# Answers each line on stdin with its pid: proof of life, paced by our own writes.
+ECHO = [sys.executable, "-c", "import os, sys\nfor _ in sys.stdin: print(os.getpid(), flush=True)"]
+
+
+def _gone(pid: int, timeout: float = 30.0) -> bool:
+    """Whether ``pid`` (not our child) disappears, or turns zombie, within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return True
+        if state == "Z":
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_a_process_started_by_a_thread_that_ends_lives_on():
+    # Spares are started from recovery and RPC threads; Linux sends the parent-death signal
+    # when the thread that forked a child exits. The child must not go with that thread.
+    started: list[subprocess.Popen] = []
+    native: list[int] = []
+
+    def start() -> None:
+        native.append(threading.get_native_id())
+        proc = spawn(ECHO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        started.append(proc)
+        _ping(proc)  # past the trampoline: its parent-death signal is armed
+
+    thread = threading.Thread(target=start)
+    thread.start()
+    thread.join()
+    (proc,) = started
+    try:
+        # The kernel has sent any parent-death signal once the thread is fully gone.
+        assert _gone_task(native[0])
+        _ping(proc)
+        assert os.getpgid(proc.pid) == proc.pid  # it leads a process group of its own
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _ping(proc: subprocess.Popen) -> None:
+    try:
+        proc.stdin.write("alive?\n")
+        proc.stdin.flush()
+    except BrokenPipeError:
+        raise AssertionError(f"it died: {proc.wait()}") from None
+    assert proc.stdout.readline().strip() == str(proc.pid), f"it died: {proc.wait()}"
+
+
+def _gone_task(tid: int) -> bool:
+    deadline = time.monotonic() + 30.0
+    while Path(f"/proc/self/task/{tid}").exists():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_processes_die_with_the_process_that_started_them_even_stopped(tmp_path):
+    parent = textwrap.dedent(
+        """
+        import os, signal, subprocess, sys
+        from torchrelay.agent.spawn import spawn
+        sleeper = [sys.executable, "-c", "import time; print(flush=True); time.sleep(600)"]
+        children = [spawn(sleeper, stdout=subprocess.PIPE) for _ in range(2)]
+        for child in children:
+            child.stdout.readline()  # it runs the command now, past the trampoline
+        os.kill(children[1].pid, signal.SIGSTOP)
+        print(*(c.pid for c in children), flush=True)
+        signal.pause()
+        """
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", parent],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    children = [int(pid) for pid in proc.stdout.readline().split()]
+    assert len(children) == 2
+    proc.kill()
+    proc.wait()
+    assert all(_gone(pid) for pid in children), "a child outlived the process that started it"
+
+
+def test_a_launcher_dead_before_the_request_takes_its_process_with_it():
+    # The trampoline finds its parent is not the launcher (it died between fork and prctl).
+    not_the_parent = 1
+    done = subprocess.run(
+        [sys.executable, "-I", "-S", str(TRAMPOLINE), str(not_the_parent), "/bin/true"],
+        timeout=60,
+    )
+    assert done.returncode == -signal.SIGKILL
