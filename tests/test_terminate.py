@@ -33,6 +33,7 @@ def test_terminated_job_records_no_failure_and_reports_the_signal(tmp_path):
     for slot in (0, 1):
         controller.join(f"worker{slot}", "worker", 100 + slot, "node0", slot)
     controller.join("spare0", "spare", 102, "node0", None)
+    controller.report("worker0", "max_steps", {"generation": 0, "max_steps": 10})
     controller.report("worker0", "progress", {"generation": 0, "step": 6})
     controller.terminate("SIGTERM")
     controller.terminate("SIGINT")  # the first signal decides
