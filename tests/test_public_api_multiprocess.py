@@ -88,4 +88,5 @@ def test_a_script_resuming_from_its_own_snapshot_starts_there_and_spares_do_not_
     logs = _logs(job)
     resumed = [name for name, text in logs.items() if "Resuming training from snapshot" in text]
     assert sorted(resumed) == ["worker0", "worker1", "worker2"], logs.keys()
-    assert [s for s, _, _ in _per_rank(job)[0]["epochs"]] == list(range(6, STEPS))
+    run = [s for s, _, _ in _per_rank(job)[0]["epochs"]]  # step 8 twice: dropped, redone
+    assert run[0] == 6 and sorted(set(run)) == list(range(6, STEPS))
