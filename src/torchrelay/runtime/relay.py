@@ -2,9 +2,12 @@
 
 A worker runs ordinary DDP code; ``Relay`` adds the few things live recovery needs:
 
-- a stable process group (:mod:`facade`) for DDP, rebuilt underneath on every generation;
+- a stable process group (:mod:`facade`) for DDP, rebuilt underneath on every generation and
+  installed as torch.distributed's default group (:mod:`default_group`);
 - a step loop that seeds RNG and picks the data from ``(seed, step, rank)``, commits a step
   only if all its collectives succeeded, and otherwise drops it and recovers before going on;
+- replicated state checked for agreement across ranks, and rank-local state mirrored to every
+  peer (:mod:`replicas`);
 - the receiving and sending side of the state transfer (:mod:`recovery`), the control-plane
   link (:mod:`control_link`) and chaos injection (:mod:`chaos_inject`), mixed in from their
   own modules.
