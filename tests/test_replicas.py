@@ -115,9 +115,17 @@ def test_agreement_check_is_inconclusive_when_the_collective_failed(ranks):
     assert ranks(2, body) == [None, None]
 
 
-def test_all_gather_bytes_of_different_lengths(ranks):
+def test_all_gather_bytes_of_different_lengths_grows_its_capacity_together(ranks):
     payloads = [b"", b"x" * 5, bytes(range(256)) * 3]
-    assert ranks(3, lambda r, pg: all_gather_bytes(pg, payloads[r], CPU)) == [payloads] * 3
+
+    def body(rank, pg):
+        first = all_gather_bytes(pg, payloads[rank], CPU)
+        smaller = all_gather_bytes(pg, payloads[rank][:3], CPU, capacity=first[1])
+        return first, smaller
+
+    for first, smaller in ranks(3, body):
+        assert first == (payloads, 1024)
+        assert smaller == ([p[:3] for p in payloads], 1024)
 
 
 def test_local_mirror_hands_each_slot_its_own_state(ranks):
@@ -128,7 +136,7 @@ def test_local_mirror_hands_each_slot_its_own_state(ranks):
         mirror = LocalMirror(stats)
         for step in range(3):
             stats["loss_sum"] += (rank + 1) * 0.1
-            mirror.exchange(pg, CPU, step)
+            mirror.exchange(pg, CPU, step, generation=0)
             mirror.commit(complete=True)
         return mirror.for_transfer(), stats["loss_sum"]
 
@@ -143,10 +151,10 @@ def test_local_mirror_keeps_the_last_complete_exchange_and_says_when_it_is_stale
     def body(rank, pg):
         counter = Counter(float(rank))
         mirror = LocalMirror(counter)
-        mirror.exchange(pg, CPU, 0)
+        mirror.exchange(pg, CPU, 0, generation=0)
         mirror.commit(complete=True)
         counter.value += 10
-        mirror.exchange(pg, CPU, 1)
+        mirror.exchange(pg, CPU, 1, generation=0)
         mirror.commit(complete=False)  # its collective failed after the optimizer step
         return mirror.for_transfer()
 
@@ -178,3 +186,24 @@ def test_local_mirror_snapshot_restores_a_dropped_step():
 def test_local_state_needs_state_dict_or_a_dict():
     with pytest.raises(TrackingError, match="local=list"):
         LocalMirror([1, 2])
+
+
+def test_a_replacements_mirror_matches_the_survivors_in_the_next_generation(ranks):
+    """Buffer sizes must agree: a fresh mirror (a replacement) and a grown one (a survivor)."""
+
+    def body(rank, pg):
+        mirror = LocalMirror({"v": "x" * 100 * (rank + 1)})
+        mirror.exchange(pg, CPU, 0, generation=0)
+        mirror.commit(complete=True)
+        if rank == 1:
+            mirror = LocalMirror({"v": "y"})  # the replacement of slot 1
+        mirror.exchange(pg, CPU, 1, generation=1)
+        mirror.commit(complete=True)
+        return mirror.for_transfer()
+
+    for sent in ranks(2, body, timeout=10):
+        assert sent["step"] == 1
+        assert [decode(sent["ranks"][r].numpy().tobytes()) for r in "01"] == [
+            {"v": "x" * 100},
+            {"v": "y"},
+        ]

@@ -227,7 +227,7 @@ class Relay(ControlLink, Recovery, ChaosInjection):
             yield step, (next(batches) if batches is not None else None)
             self._current_step = None
             if self.local is not None:
-                self.local.exchange(self.process_group, self.device, step)
+                self.local.exchange(self.process_group, self.device, step, self.generation)
             if self.guard.poisoned and not self.guard.optimizer_applied:
                 self.timer.abandon()
                 self.tracked.restore(snapshot)

@@ -34,7 +34,7 @@ from torchrelay.runtime.tracked import TrackingError
 from torchrelay.transfer.flatten import TensorSpec, as_bytes, flatten, unflatten
 
 CHECKED_STEPS = 2
-_HEADER_LENGTH = 8
+_HEADER_LENGTH = _LENGTH = 8
 
 
 # ------------------------------------------------------------------ serialization
@@ -85,21 +85,32 @@ def digest(state: Any) -> int:
 
 
 # ------------------------------------------------------------------ collectives
-def all_gather_bytes(group: dist.ProcessGroup, payload: bytes, device: torch.device) -> list[bytes]:
-    """Every rank's ``payload``, in rank order (meaningless if the step got poisoned)."""
-    size = torch.tensor([len(payload)], dtype=torch.int64, device=device)
-    sizes = [torch.zeros_like(size) for _ in range(group.size())]
-    dist.all_gather(sizes, size, group=group)
-    lengths = [int(s.item()) for s in sizes]
-    if lengths[group.rank()] != len(payload):
-        return []  # the sizes never arrived: the step is poisoned
-    buffer = torch.zeros(max(lengths), dtype=torch.uint8)
-    buffer[: len(payload)] = _as_tensor(payload)
-    buffer = buffer.to(device)
-    gathered = [torch.empty_like(buffer) for _ in lengths]
-    if buffer.numel():
+def all_gather_bytes(
+    group: dist.ProcessGroup, payload: bytes, device: torch.device, capacity: int = 0
+) -> tuple[list[bytes], int]:
+    """Every rank's ``payload`` in rank order, and the capacity to pass next time.
+
+    One all-gather of ``capacity`` bytes plus a length per rank; when a payload does not fit
+    (every rank sees the lengths), all grow the capacity to the next power of two and gather
+    again, so a steady state costs one collective. Meaningless if the step got poisoned.
+    """
+    while True:
+        buffer = torch.zeros(_LENGTH + capacity, dtype=torch.uint8)
+        buffer[:_LENGTH] = _as_tensor(len(payload).to_bytes(_LENGTH, "little"))
+        if len(payload) <= capacity:
+            buffer[_LENGTH : _LENGTH + len(payload)] = _as_tensor(payload)
+        buffer = buffer.to(device)
+        gathered = [torch.zeros_like(buffer) for _ in range(group.size())]
         dist.all_gather(gathered, buffer, group=group)
-    return [g[:n].cpu().numpy().tobytes() for g, n in zip(gathered, lengths, strict=True)]
+        rows = [g.cpu().numpy().tobytes() for g in gathered]
+        lengths = [int.from_bytes(row[:_LENGTH], "little") for row in rows]
+        if lengths[group.rank()] != len(payload):
+            return [], capacity  # nothing arrived: the step is poisoned
+        if max(lengths) <= capacity:
+            return [
+                row[_LENGTH : _LENGTH + n] for row, n in zip(rows, lengths, strict=True)
+            ], capacity
+        capacity = 1 << (max(lengths) - 1).bit_length()
 
 
 def _as_tensor(data: bytes) -> torch.Tensor:
@@ -204,6 +215,8 @@ class LocalMirror:
         self.table: dict[int, bytes] = {}
         self.table_step = -1
         self._pending: tuple[int, dict[int, bytes]] | None = None
+        self._capacity = 0
+        self._generation = -1
 
     def state_dict(self) -> Any:
         if isinstance(self.obj, dict):
@@ -224,9 +237,16 @@ class LocalMirror:
     def restore(self, snap: Any) -> None:
         self.load_state_dict(copy.deepcopy(snap))
 
-    def exchange(self, group: dist.ProcessGroup, device: torch.device, step: int) -> None:
+    def exchange(
+        self, group: dist.ProcessGroup, device: torch.device, step: int, generation: int
+    ) -> None:
         """Gather every rank's local state as of the end of ``step`` (kept by :meth:`commit`)."""
-        gathered = all_gather_bytes(group, encode(self.state_dict()), device)
+        if generation != self._generation:
+            # The buffer size must match on every rank: a replacement starts from scratch, so
+            # every member of a new generation does.
+            self._generation, self._capacity = generation, 0
+        payload = encode(self.state_dict())
+        gathered, self._capacity = all_gather_bytes(group, payload, device, self._capacity)
         self._pending = (step, dict(enumerate(gathered)))
 
     def commit(self, complete: bool) -> None:
