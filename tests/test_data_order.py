@@ -1,10 +1,18 @@
 """Data order is a pure function of (seed, epoch, step, rank): exactly once after recovery."""
 
+from itertools import islice
+
 import pytest
 import torch
-from torch.utils.data import TensorDataset
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from torchrelay.runtime.data import batch_indices, step_loader, steps_per_epoch
+from torchrelay.runtime.data import (
+    batch_indices,
+    loader_steps_per_epoch,
+    sampler_loader,
+    step_loader,
+    steps_per_epoch,
+)
 from torchrelay.runtime.rng import seed_all, seed_for
 
 
@@ -47,3 +55,38 @@ def test_rng_streams_depend_on_step_and_rank_only():
     a = torch.rand(3)
     seed_all(1, 5, 2)
     assert torch.equal(a, torch.rand(3))
+
+
+def _sampler_loader(world: int = 3):
+    data = TensorDataset(torch.arange(100).float())
+    # Built as a spare builds it: rank 0, whatever slot it takes later.
+    sampler = DistributedSampler(data, num_replicas=world, rank=0, shuffle=True, seed=4)
+    return DataLoader(data, batch_size=4, sampler=sampler)
+
+
+def test_distributed_sampler_loader_resumes_mid_epoch_with_its_slot_rank():
+    loader = _sampler_loader()
+    per_epoch = loader_steps_per_epoch(loader, world_size=3)
+    assert per_epoch == 9  # ceil(100 / 3) = 34 samples per rank, 4 per batch
+    whole = [b[0].tolist() for b in islice(sampler_loader(_sampler_loader(), 2, 0), 3 * per_epoch)]
+    resumed = [b[0].tolist() for b in islice(sampler_loader(loader, 2, 13), 5)]
+    assert resumed == whole[13:18]
+    torch.manual_seed(0)
+    expected = torch.rand(1)
+    torch.manual_seed(0)
+    next(sampler_loader(_sampler_loader(), 1, 4))  # the global RNG (dropout) is left alone
+    assert torch.equal(torch.rand(1), expected)
+    # The slot's rank, not the one it was built with: disjoint from rank 0's samples.
+    rank0 = {
+        i for b in islice(sampler_loader(_sampler_loader(), 0, 0), per_epoch) for i in b[0].tolist()
+    }
+    rank2 = {i for b in whole[:per_epoch] for i in b}
+    assert not rank0 & rank2
+
+
+def test_a_loader_without_a_distributed_sampler_is_refused():
+    loader = DataLoader(TensorDataset(torch.arange(10).float()), batch_size=2)
+    with pytest.raises(ValueError, match="sampler=DistributedSampler"):
+        loader_steps_per_epoch(loader, world_size=1)
+    with pytest.raises(ValueError, match="num_replicas=3"):
+        loader_steps_per_epoch(_sampler_loader(world=3), world_size=2)

@@ -282,6 +282,7 @@ class Controller:
             "done": self._on_done,
             "error": self._on_error,
             "chaos_fired": self._on_chaos_fired,
+            "warning": self._on_warning,
         }.get(kind)
         if handler is None:
             raise ProtocolError(f"unknown report kind {kind!r}")
@@ -421,6 +422,19 @@ class Controller:
         event = self.chaos_pending.pop(int(body["id"]), None)
         if event is not None:
             self.ledger.record("chaos_fired", process=member.process, **event.to_dict())
+
+    def _on_warning(self, member: Member, body: dict[str, Any]) -> None:
+        # A worker's finding about the user's state (see runtime/replicas.py): kept, not acted on.
+        objects = body.get("objects")
+        self.ledger.record(
+            "warning",
+            process=member.process,
+            slot=member.slot,
+            step=body.get("step"),
+            what=str(body.get("what", ""))[:64],
+            objects=[str(o)[:64] for o in objects][:32] if isinstance(objects, list) else [],
+            message=str(body.get("message", ""))[:2000],
+        )
 
     # ---------------------------------------------------------------- exits
     def on_exit(self, process: str, returncode: int) -> None:

@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 from torchrelay.control.lease import HEARTBEAT_RPC_TIMEOUT, keep_alive
 from torchrelay.control.service import ControlClient, ControlError
 from torchrelay.exits import EXIT_CONTROLLER_LOST, EXIT_FENCED
+from torchrelay.runtime.default_group import REINIT_ADVICE, is_reinit_error
 from torchrelay.runtime.facade import StableProcessGroup
 from torchrelay.runtime.guard import StepGuard
 from torchrelay.runtime.timing import StepTimer
@@ -47,6 +48,11 @@ class ControlLink:
         except ControlError as exc:
             _die_on_control_error(exc)
             raise
+
+    def _warn(self, line: str, **details: Any) -> None:
+        """Loudly: on stderr and in the job's ledger."""
+        print(line, file=sys.stderr, flush=True)
+        self._report("warning", step=self.committed, message=line, **details)
 
     def _watch(self) -> None:
         try:
@@ -124,5 +130,7 @@ def install_excepthook(relay: ControlLink) -> None:
         with contextlib.suppress(ControlError):
             relay._client.report("error", step=relay._current_step, traceback=text, timeout=5.0)
         previous(kind, exc, tb)
+        if is_reinit_error(exc):
+            print(REINIT_ADVICE, file=sys.stderr, flush=True)
 
     sys.excepthook = hook

@@ -5,6 +5,11 @@ That makes the data position part of the step number: a replacement that resumes
 reads exactly the samples the dead rank would have read, so every sample is used exactly once
 per epoch whatever fails. Batches are produced by torchdata's ``StatefulDataLoader`` driven by
 :class:`StepBatchSampler`.
+
+A script that brings its own ``DataLoader`` over a ``DistributedSampler`` keeps it: its order is
+a function of ``(sampler seed, epoch, rank)`` too, so :func:`sampler_loader` maps a step onto
+``(epoch, batch within the epoch)``, sets the sampler's epoch and rank (a spare built it before
+it had a slot) and starts the epoch at that batch without loading the ones before it.
 """
 
 from __future__ import annotations
@@ -15,7 +20,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
-from torch.utils.data import Dataset
+import torch
+from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 
@@ -87,3 +93,49 @@ def step_loader(
             dataset, batch_sampler=sampler, collate_fn=collate_fn, num_workers=0
         )
         return iter(loader)
+
+
+def loader_steps_per_epoch(loader: DataLoader[Any], world_size: int) -> int:
+    """Steps per epoch of a script's ``DataLoader`` over a ``DistributedSampler``; raises
+    ``ValueError`` saying what to change for any other loader."""
+    sampler = loader.sampler
+    if not isinstance(sampler, DistributedSampler) or loader.batch_size is None:
+        raise ValueError(
+            "relay.steps(loader) needs a DataLoader built with batch_size=... and "
+            "sampler=DistributedSampler(dataset); otherwise pass the dataset and batch_size"
+        )
+    if sampler.num_replicas != world_size:
+        raise ValueError(
+            f"the loader's DistributedSampler has num_replicas={sampler.num_replicas}, the job "
+            f"{world_size} ranks: build it with DistributedSampler(dataset)"
+        )
+    if len(loader) == 0:
+        raise ValueError("the loader yields no batch per epoch")
+    return len(loader)
+
+
+def sampler_loader(loader: DataLoader[Any], rank: int, start_step: int) -> Iterator[Any]:
+    """This rank's batches of ``loader`` from ``start_step`` on, epoch after epoch."""
+    sampler = loader.sampler
+    assert isinstance(sampler, DistributedSampler) and loader.batch_size is not None
+    per_epoch = len(loader)
+    sampler.rank = rank
+    step = start_step
+    while True:
+        epoch, offset = divmod(step, per_epoch)
+        sampler.set_epoch(epoch)
+        batches = list(BatchSampler(sampler, loader.batch_size, loader.drop_last))[offset:]
+        yield from DataLoader(
+            loader.dataset,
+            batch_sampler=batches,
+            # A DataLoader draws its workers' base seed when it starts: from the global RNG
+            # (re-seeded every step: the dropout masks would depend on where a recovery
+            # restarted the epoch) unless it has a generator of its own.
+            generator=torch.Generator().manual_seed(epoch),
+            collate_fn=loader.collate_fn,
+            num_workers=loader.num_workers,
+            pin_memory=loader.pin_memory,
+            worker_init_fn=loader.worker_init_fn,
+            timeout=loader.timeout,
+        )
+        step += len(batches)

@@ -20,6 +20,7 @@ from torchrelay.chaos import ChaosEvent
 from torchrelay.runtime.devices import new_group
 from torchrelay.runtime.env import RelayEnv
 from torchrelay.runtime.guard import GenerationAborted
+from torchrelay.runtime.replicas import LocalMirror
 from torchrelay.runtime.tracked import TrackedState
 from torchrelay.transfer.engine import receive_state, schema_key, send_state
 
@@ -34,6 +35,7 @@ class Recovery:
     world_size: int
     rank: int | None
     tracked: TrackedState
+    local: LocalMirror | None
     _store: dist.TCPStore
     _timeout: datetime.timedelta
     _chaos: list[ChaosEvent]
@@ -157,12 +159,16 @@ class Recovery:
         if slot in sources:
             if self.committed != target or not self._state_valid:
                 raise RuntimeError(f"source rank {slot} is at step {self.committed}, not {target}")
+            sent: dict[str, Any] = {"step": target, "objects": own}
+            if self.local is not None:
+                # Every source holds every rank's local state: the receiver takes its slot's.
+                sent["local"] = self.local.for_transfer()
             result = send_state(
                 inner,
                 self._store,
                 self.env.token,
                 generation,
-                {"step": target, "objects": own},
+                sent,
                 slot,
                 sources,
                 receivers,
@@ -183,6 +189,10 @@ class Recovery:
             self.tracked.load(result.state["objects"], own)
             self.committed = int(result.state["step"])
             self._state_valid = True
+            if self.local is not None and "local" in result.state:
+                warning = self.local.receive(result.state["local"], slot, target)
+                if warning is not None:
+                    self._warn(warning, what="local_state_inexact")
         else:
             result = None
         self._report(

@@ -2,9 +2,12 @@
 
 A worker runs ordinary DDP code; ``Relay`` adds the few things live recovery needs:
 
-- a stable process group (:mod:`facade`) for DDP, rebuilt underneath on every generation;
+- a stable process group (:mod:`facade`) for DDP, rebuilt underneath on every generation and
+  installed as torch.distributed's default group (:mod:`default_group`);
 - a step loop that seeds RNG and picks the data from ``(seed, step, rank)``, commits a step
   only if all its collectives succeeded, and otherwise drops it and recovers before going on;
+- replicated state checked for agreement across ranks, and rank-local state mirrored to every
+  peer (:mod:`replicas`);
 - the receiving and sending side of the state transfer (:mod:`recovery`), the control-plane
   link (:mod:`control_link`) and chaos injection (:mod:`chaos_inject`), mixed in from their
   own modules.
@@ -20,6 +23,7 @@ import contextlib
 import datetime
 import os
 import queue
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -27,17 +31,25 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader
 
 from torchrelay.chaos import ChaosEvent
 from torchrelay.control.service import ControlClient
+from torchrelay.runtime import default_group
 from torchrelay.runtime.chaos_inject import ChaosInjection
 from torchrelay.runtime.control_link import ControlLink, install_excepthook
-from torchrelay.runtime.data import step_loader
+from torchrelay.runtime.data import (
+    loader_steps_per_epoch,
+    sampler_loader,
+    step_loader,
+    steps_per_epoch,
+)
 from torchrelay.runtime.devices import select_device
 from torchrelay.runtime.env import RelayEnv
 from torchrelay.runtime.facade import StableProcessGroup
 from torchrelay.runtime.guard import StepGuard, guard_optimizer
 from torchrelay.runtime.recovery import Recovery
+from torchrelay.runtime.replicas import AgreementCheck, LocalMirror, describe
 from torchrelay.runtime.rng import SETUP_STEP, seed_all
 from torchrelay.runtime.timing import StepTimer
 from torchrelay.runtime.tracked import TrackedState, TrackingError
@@ -59,6 +71,9 @@ class Relay(ControlLink, Recovery, ChaosInjection):
         self.guard = StepGuard()
         self.process_group = StableProcessGroup(env.world_size, self.guard)
         self.tracked = TrackedState()
+        self.local: LocalMirror | None = None
+        self.steps_per_epoch: int | None = None
+        self._agreement = AgreementCheck()
         self._client = client
         self._timeout = datetime.timedelta(seconds=float(joined["collective_timeout"]))
         self._store = dist.TCPStore(
@@ -73,6 +88,7 @@ class Relay(ControlLink, Recovery, ChaosInjection):
         self._state_valid = self.rank is not None  # a spare holds no state worth sending
         self._retired: list[dist.ProcessGroup] = []
         self.timer = StepTimer()
+        default_group.install(self.process_group, dist.PrefixStore("default_pg", self._store))
         seed_all(seed, SETUP_STEP, 0)
         # Heartbeats start before the first rendezvous: waiting for slow peers is not a hang.
         threading.Thread(target=self._heartbeat, name="torchrelay-heartbeat", daemon=True).start()
@@ -85,22 +101,44 @@ class Relay(ControlLink, Recovery, ChaosInjection):
     # ------------------------------------------------------------------ public API
     @property
     def is_spare(self) -> bool:
-        """True until this process is handed a slot."""
+        """True until this process is handed a slot. A spare must not load a snapshot of its
+        own: it receives the live state of the slot it takes."""
         return self.rank is None
+
+    @property
+    def epoch(self) -> int | None:
+        """Epoch of the step in flight (outside the loop: of the next step); ``None`` until
+        :meth:`steps` is iterated with data."""
+        if self.steps_per_epoch is None:
+            return None
+        step = self.committed + 1 if self._current_step is None else self._current_step
+        return step // self.steps_per_epoch
 
     def track(
         self,
         model: torch.nn.Module | None = None,
         optimizer: torch.optim.Optimizer | None = None,
         scheduler: Any = None,
+        local: Any = None,
         **objects: Any,
     ) -> None:
         """Register the state to carry to a replacement.
 
         ``model`` may be a DDP module built with ``process_group=relay.process_group``;
         ``optimizer`` is guarded (its ``step`` is skipped in a dropped step); ``scheduler`` and
-        ``objects`` are anything with ``state_dict()``/``load_state_dict()``.
+        ``objects`` are anything with ``state_dict()``/``load_state_dict()``. All of these are
+        *replicated*: the same on every rank (checked at the first steps; a difference is
+        reported), and a replacement receives a survivor's copy.
+
+        ``local`` is small *rank-local* state (an object with ``state_dict()``/
+        ``load_state_dict()``, or a plain dict, updated in place): mirrored to every peer at
+        the end of each step, so a replacement receives its own slot's value. Its state must
+        be tensors, numbers, strings and containers of them (see :mod:`replicas`).
         """
+        if local is not None:
+            if self.local is not None and self.local.obj is not local:
+                raise TrackingError("local= is already tracked (track one object or dict)")
+            self.local = LocalMirror(local)
         named = {"model": model, "optimizer": optimizer, "scheduler": scheduler, **objects}
         for name, obj in named.items():
             if obj is None:
@@ -132,19 +170,35 @@ class Relay(ControlLink, Recovery, ChaosInjection):
         max_steps: int,
         batch_size: int | None = None,
         collate_fn: Callable[[list[Any]], Any] | None = None,
+        start_step: int = 0,
     ) -> Iterator[tuple[int, Any]]:
         """Yield ``(step, batch)`` for every step not yet committed, up to ``max_steps``.
 
         The batch is this rank's share of the global batch at ``step`` (``None`` without a
-        dataset). A step whose collectives failed is dropped and yielded again after recovery,
-        so the body must be the whole step: forward, backward, ``optimizer.step()``.
+        dataset). ``dataset`` is a map-style dataset (with ``batch_size``: the relay's own
+        order) or a ``DataLoader`` over a ``DistributedSampler`` (its order, resumed at the
+        step's batch of the step's epoch). A step whose collectives failed is dropped and
+        yielded again after recovery, so the body must be the whole step: forward, backward,
+        ``optimizer.step()``.
+
+        ``start_step`` starts a fresh job at that step (a script resuming from its own
+        snapshot: ``epochs_run * relay.steps_per_epoch``); every rank must pass the same one
+        (checked at the first step). A spare ignores it: it resumes where its slot is.
         """
-        if dataset is not None and batch_size is None:
-            raise ValueError("steps(dataset, ...) needs batch_size")
+        self.steps_per_epoch = self._epoch_length(dataset, batch_size)
         # The controller refuses any step claim beyond it (and a rank that disagrees).
         self._report("max_steps", max_steps=max_steps)
         if self.is_spare:
+            if start_step:
+                print(
+                    f"torchrelay: a spare ignores start_step={start_step}: it resumes at its "
+                    "slot's step with its slot's state (load no snapshot when relay.is_spare)",
+                    file=sys.stderr,
+                    flush=True,
+                )
             self._await_assignment()
+        elif self.committed < start_step - 1:
+            self.committed = start_step - 1
         batches: Iterator[Any] | None = None
         while True:
             step = self.committed + 1
@@ -158,33 +212,70 @@ class Relay(ControlLink, Recovery, ChaosInjection):
                 batches = None
                 continue
             if dataset is not None and batches is None:
-                assert batch_size is not None and self.rank is not None
-                batches = step_loader(
-                    dataset, batch_size, self.world_size, self.rank, self.seed, step, collate_fn
-                )
+                assert self.rank is not None
+                if isinstance(dataset, DataLoader):
+                    batches = sampler_loader(dataset, self.rank, step)
+                else:
+                    assert batch_size is not None
+                    batches = step_loader(
+                        dataset, batch_size, self.world_size, self.rank, self.seed, step, collate_fn
+                    )
             snapshot = self.tracked.snapshot()
+            local_snapshot = None if self.local is None else self.local.snapshot()
             self.guard.begin_step()
             seed_all(self.seed, step, self.rank)  # type: ignore[arg-type]
             self._current_step = step
             self.timer.start()
             yield step, (next(batches) if batches is not None else None)
             self._current_step = None
+            if self.local is not None:
+                self.local.exchange(self.process_group, self.device, step, self.generation)
             if self.guard.poisoned and not self.guard.optimizer_applied:
                 self.timer.abandon()
                 self.tracked.restore(snapshot)
+                if self.local is not None:
+                    self.local.restore(local_snapshot)
+                    self.local.commit(False)
                 for opt in self.tracked.optimizers():
                     opt.zero_grad(set_to_none=True)
                 self._recover(in_flight=step)
                 batches = None
                 continue
             self.committed = step
+            if self.local is not None:
+                self.local.commit(not self.guard.poisoned)
             self.timer.commit()
             self._report_resumed()
+            if not self.guard.poisoned and self._agreement.due(self.generation):
+                self._check_agreement(step)
             if self.guard.poisoned:
                 self._recover(in_flight=None)
                 batches = None
 
-    # ------------------------------------------------------------------ setup helpers
+    # ------------------------------------------------------------------ helpers
+    def _epoch_length(self, dataset: Any, batch_size: int | None) -> int | None:
+        if dataset is None:
+            return None
+        if isinstance(dataset, DataLoader):
+            return loader_steps_per_epoch(dataset, self.world_size)
+        if batch_size is None:
+            raise ValueError("steps(dataset, ...) needs batch_size")
+        return steps_per_epoch(len(dataset), batch_size, self.world_size)
+
+    def _check_agreement(self, step: int) -> None:
+        """Compare the replicated state across ranks (see :class:`AgreementCheck`)."""
+        found = self._agreement.run(
+            self.process_group,
+            self.device,
+            self.tracked.state(),
+            step,
+            complete=lambda: not self.guard.poisoned,
+        )
+        if found and self.rank == 0:
+            self._warn(
+                describe(found, step), what="replicated_state_differs", objects=sorted(found)
+            )
+
     def _prepare_ddp(self, model: DistributedDataParallel) -> None:
         if model.process_group is not self.process_group:
             raise TrackingError(
@@ -197,8 +288,6 @@ class Relay(ControlLink, Recovery, ChaosInjection):
         with self.process_group.local():
             model.reducer._push_all_rebuilt_params()
             model.reducer._rebuild_buckets()
-
-    # ------------------------------------------------------------------ generations
 
 
 def init(seed: int = 0) -> Relay:

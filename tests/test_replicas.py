@@ -1,0 +1,209 @@
+"""Replicated vs rank-local state: serialization, the digest agreement check and the local
+mirror, with real gloo groups between threads (the facade's poisoning is tested elsewhere)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from torchrelay.runtime.replicas import (
+    AgreementCheck,
+    LocalMirror,
+    all_gather_bytes,
+    decode,
+    describe,
+    digest,
+    disagreements,
+    encode,
+)
+from torchrelay.runtime.tracked import TrackingError
+from torchrelay.transfer.flatten import SchemaError
+
+CPU = torch.device("cpu")
+
+
+def _equal(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(map(_equal, a, b))
+    return type(a) is type(b) and a == b
+
+
+def test_encode_decode_round_trips_exactly():
+    state = {
+        "loss_sum": 0.1 + 0.2,
+        "count": 7,
+        3: ("a", None, True),
+        "t": torch.randn(3, 2, dtype=torch.float64),
+        "scalar": torch.tensor(5, dtype=torch.int32),
+        "empty": torch.empty(0, 4),
+        "nested": [{"x": torch.arange(4, dtype=torch.bfloat16)}],
+    }
+    assert _equal(decode(encode(state)), state)
+
+
+def test_encode_refuses_what_would_need_pickle():
+    with pytest.raises(SchemaError, match="cannot transfer a set"):
+        encode({"seen": {1, 2}})
+
+
+def test_decode_refuses_truncated_bytes():
+    data = encode({"t": torch.ones(4)})
+    with pytest.raises(ValueError, match="truncated"):
+        decode(data[:-1])
+    with pytest.raises(ValueError, match="trailing"):
+        decode(data + b"x")
+
+
+def test_digest_tells_equal_from_different_state():
+    a = {"w": torch.ones(3), "n": 1}
+    assert digest(a) == digest({"w": torch.ones(3), "n": 1})
+    assert digest(a) != digest({"w": torch.ones(3), "n": 2})
+    assert digest(a) != digest({"w": torch.tensor([1.0, 1.0, 1.0 + 2**-20]), "n": 1})
+    assert digest(a) != digest({"w": torch.ones(3, dtype=torch.float64), "n": 1})
+
+
+def test_disagreements_groups_ranks_by_value():
+    rows = [[1, 10], [1, 11], [1, 10], [1, 12]]
+    assert disagreements(["model", "counter"], rows) == {"counter": [[0, 2], [1], [3]]}
+    line = describe({"counter": [[0, 2], [1], [3]]}, step=4)
+    assert "'counter' (ranks [0, 2] | [1] | [3])" in line and "relay.track(local=" in line
+
+
+class Counter:
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+    def state_dict(self):
+        return {"value": self.value}
+
+    def load_state_dict(self, state):
+        self.value = state["value"]
+
+
+def test_agreement_check_names_the_object_that_differs(ranks):
+    def body(rank, pg):
+        check = AgreementCheck()
+        assert check.due(generation=0)
+        states = {"model": {"w": torch.ones(2)}, "counter": Counter(float(rank)).state_dict()}
+        first = check.run(pg, CPU, states, step=0, complete=lambda: True)
+        again = check.run(pg, CPU, states, step=1, complete=lambda: True)
+        return first, again, check.due(generation=0), check.due(generation=1)
+
+    for first, again, due_same, due_next in ranks(3, body):
+        assert first == {"counter": [[0], [1], [2]]}
+        assert again == {}  # reported once
+        assert not due_same  # two checks per generation
+        assert due_next  # and again in the next one
+
+
+def test_agreement_check_refuses_ranks_at_different_steps(ranks):
+    def body(rank, pg):
+        with pytest.raises(RuntimeError, match="same start_step"):
+            AgreementCheck().run(pg, CPU, {"m": {}}, step=rank, complete=lambda: True)
+
+    ranks(2, body)
+
+
+def test_agreement_check_is_inconclusive_when_the_collective_failed(ranks):
+    def body(rank, pg):
+        return AgreementCheck().run(pg, CPU, {"c": {"v": rank}}, step=0, complete=lambda: False)
+
+    assert ranks(2, body) == [None, None]
+
+
+def test_all_gather_bytes_of_different_lengths_grows_its_capacity_together(ranks):
+    payloads = [b"", b"x" * 5, bytes(range(256)) * 3]
+
+    def body(rank, pg):
+        first = all_gather_bytes(pg, payloads[rank], CPU)
+        smaller = all_gather_bytes(pg, payloads[rank][:3], CPU, capacity=first[1])
+        return first, smaller
+
+    for first, smaller in ranks(3, body):
+        assert first == (payloads, 1024)
+        assert smaller == ([p[:3] for p in payloads], 1024)
+
+
+def test_local_mirror_hands_each_slot_its_own_state(ranks):
+    """Every rank mirrors its local state; a replacement of slot 1 gets slot 1's value."""
+
+    def body(rank, pg):
+        stats = {"loss_sum": 0.0}
+        mirror = LocalMirror(stats)
+        for step in range(3):
+            stats["loss_sum"] += (rank + 1) * 0.1
+            mirror.exchange(pg, CPU, step, generation=0)
+            mirror.commit(complete=True)
+        return mirror.for_transfer(), stats["loss_sum"]
+
+    results = ranks(3, body)
+    sent, _ = results[0]
+    replacement = {"loss_sum": -1.0}
+    assert LocalMirror(replacement).receive(sent, slot=1, target=2) is None
+    assert replacement == {"loss_sum": results[1][1]}  # bit for bit: floats go as JSON repr
+
+
+def test_local_mirror_keeps_the_last_complete_exchange_and_says_when_it_is_stale(ranks):
+    def body(rank, pg):
+        counter = Counter(float(rank))
+        mirror = LocalMirror(counter)
+        mirror.exchange(pg, CPU, 0, generation=0)
+        mirror.commit(complete=True)
+        counter.value += 10
+        mirror.exchange(pg, CPU, 1, generation=0)
+        mirror.commit(complete=False)  # its collective failed after the optimizer step
+        return mirror.for_transfer()
+
+    sent = ranks(2, body)[0]
+    replacement = Counter(-1.0)
+    warning = LocalMirror(replacement).receive(sent, slot=1, target=1)
+    assert replacement.value == 1.0
+    assert warning is not None and "from step 0, the model from step 1" in warning
+
+
+def test_local_mirror_before_any_commit_keeps_the_initial_state():
+    mirror = LocalMirror({"n": 0})
+    assert mirror.receive({"step": -1, "ranks": {}}, slot=0, target=-1) is None
+    assert "restarts from its initial value" in mirror.receive(
+        {"step": -1, "ranks": {}}, slot=0, target=3
+    )
+
+
+def test_local_mirror_snapshot_restores_a_dropped_step():
+    stats = {"n": 1, "t": torch.zeros(2)}
+    mirror = LocalMirror(stats)
+    snap = mirror.snapshot()
+    stats["n"] += 1
+    stats["t"] += 1
+    mirror.restore(snap)
+    assert stats["n"] == 1 and torch.equal(stats["t"], torch.zeros(2))
+
+
+def test_local_state_needs_state_dict_or_a_dict():
+    with pytest.raises(TrackingError, match="local=list"):
+        LocalMirror([1, 2])
+
+
+def test_a_replacements_mirror_matches_the_survivors_in_the_next_generation(ranks):
+    """Buffer sizes must agree: a fresh mirror (a replacement) and a grown one (a survivor)."""
+
+    def body(rank, pg):
+        mirror = LocalMirror({"v": "x" * 100 * (rank + 1)})
+        mirror.exchange(pg, CPU, 0, generation=0)
+        mirror.commit(complete=True)
+        if rank == 1:
+            mirror = LocalMirror({"v": "y"})  # the replacement of slot 1
+        mirror.exchange(pg, CPU, 1, generation=1)
+        mirror.commit(complete=True)
+        return mirror.for_transfer()
+
+    for sent in ranks(2, body, timeout=10):
+        assert sent["step"] == 1
+        assert [decode(sent["ranks"][r].numpy().tobytes()) for r in "01"] == [
+            {"v": "x" * 100},
+            {"v": "y"},
+        ]
