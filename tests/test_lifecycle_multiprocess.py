@@ -20,7 +20,7 @@ import pytest
 from tests.jobs import await_status, cli, free_port_pair, job_command
 from tests.lifecycle import await_event, await_gone, await_reaped, job_pids, launched
 from torchrelay.ledger import read_ledger
-from torchrelay.runtime.relay import LEASE_FACTOR
+from torchrelay.runtime.control_link import LEASE_FACTOR
 
 pytestmark = pytest.mark.slow
 STEPS = 100_000  # never reached: the job is always ended from outside
