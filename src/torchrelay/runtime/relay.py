@@ -32,8 +32,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from torchrelay.chaos import ChaosEvent
+from torchrelay.control.client import ControlClient, ControlError
 from torchrelay.control.lease import HEARTBEAT_RPC_TIMEOUT, keep_alive
-from torchrelay.control.service import ControlClient, ControlError
 from torchrelay.exits import EXIT_CONTROLLER_LOST, EXIT_FENCED
 from torchrelay.runtime.data import step_loader
 from torchrelay.runtime.devices import new_group, select_device
