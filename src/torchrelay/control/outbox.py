@@ -1,10 +1,10 @@
 """A message queue between the controller's threads and the server's event loop.
 
-The controller (synchronous, under its lock, in any thread) :meth:`Outbox.put`\\ s messages for
-one process or node agent; the control server's stream for it awaits :meth:`Outbox.next` on the
-event loop, so an open stream costs no thread. ``put`` wakes an awaiting stream with
-``loop.call_soon_threadsafe``. Synchronous callers (tests, tools) use :meth:`Outbox.get`, which
-behaves like :meth:`queue.Queue.get`.
+The controller (synchronous, under its lock, in any thread) puts messages for one process or
+node agent; the control server's stream for it awaits :meth:`Outbox.next` on the event loop,
+so an open stream costs no thread. ``put`` wakes an awaiting stream with
+``loop.call_soon_threadsafe``; ``nudge`` wakes it without a message, to re-check its end.
+Synchronous callers (tests, tools) use :meth:`Outbox.get`, like :meth:`queue.Queue.get`.
 """
 
 from __future__ import annotations
@@ -35,6 +35,12 @@ class Outbox:
         with self._ready:
             self._items.append(message)
             self._ready.notify()
+        self.nudge()
+
+    def nudge(self) -> None:
+        """Wake an awaiting :meth:`next` even without a message (it returns None then), so the
+        stream re-checks whether it should end."""
+        with self._ready:
             waiters = list(self._waiters)
         for loop, waiter in waiters:
             # RuntimeError: the server's loop has closed, nobody is awaiting any more.
@@ -55,11 +61,9 @@ class Outbox:
         with self._ready:
             return not self._items
 
-    async def next(self, timeout: float) -> dict[str, Any] | None:
-        """The oldest message, awaiting it up to ``timeout`` s on the running loop; else None.
-
-        Cancellation (the stream was closed) leaves the queue as it was.
-        """
+    async def next(self, timeout: float | None = None) -> dict[str, Any] | None:
+        """The oldest message, awaited on the running loop; None after ``timeout`` s (None:
+        no limit) or a :meth:`nudge`. Cancellation (the stream closed) loses no message."""
         loop = asyncio.get_running_loop()
         with self._ready:
             if self._items:
@@ -67,11 +71,12 @@ class Outbox:
             waiter = loop.create_future()
             entry = (loop, waiter)
             self._waiters.append(entry)
-        timer = loop.call_later(timeout, _wake, waiter)
+        timer = None if timeout is None else loop.call_later(timeout, _wake, waiter)
         try:
             await waiter
         finally:
-            timer.cancel()
+            if timer is not None:
+                timer.cancel()
             with self._ready:
                 self._waiters.remove(entry)
         with self._ready:

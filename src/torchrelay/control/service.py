@@ -19,10 +19,10 @@ small thread pool and the loop itself never blocks on the controller.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import grpc
@@ -34,8 +34,9 @@ from torchrelay.control.replay import FRESHNESS_WINDOW, ReplayGuard
 from torchrelay.control.wire import MAX_MESSAGE_BYTES, WireError, open_sealed, seal
 
 T = TypeVar("T")
-# How often an idle stream checks whether its process or node is still there (as before).
+# How often the open streams are checked for a process or node that is gone (as before).
 POLL_SECONDS = 0.5
+MAX_PENDING_REQUESTS = 1 << 16
 
 
 class ControlServer:
@@ -58,7 +59,12 @@ class ControlServer:
         self.controller = controller
         self._token = token
         self._replay = ReplayGuard(replay_window)
-        self._pool = ThreadPoolExecutor(max_workers, thread_name_prefix="torchrelay-control")
+        # Open streams, each with the test that says it should end (checked by _sweep).
+        self._streams: dict[object, tuple[Outbox, Callable[[], bool]]] = {}
+        self._sweeper: asyncio.Task[None] | None = None
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers, thread_name_prefix="torchrelay-control"
+        )
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="torchrelay-control-loop", daemon=True
@@ -72,6 +78,10 @@ class ControlServer:
             options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                # gRPC cancels calls beyond 1,000 not yet picked up by the loop; thousands of
+                # processes joining at once are a burst to queue, not load to shed.
+                ("grpc.server.max_pending_requests", MAX_PENDING_REQUESTS),
+                ("grpc.server.max_pending_requests_hard_limit", MAX_PENDING_REQUESTS),
             ]
         )
         c = self.controller
@@ -110,18 +120,43 @@ class ControlServer:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()  # type: ignore[arg-type]
 
     def start(self) -> None:
-        self._run(self._server.start())
+        self._run(self._start())
+
+    async def _start(self) -> None:
+        await self._server.start()
+        self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+
+    async def _sweep(self) -> None:
+        """Every :data:`POLL_SECONDS`, wake the streams whose process or node is gone: one
+        timer for all streams instead of one per stream."""
+        while True:
+            await asyncio.sleep(POLL_SECONDS)
+            for outbox, ended in list(self._streams.values()):
+                if ended():
+                    outbox.nudge()
+
+    @property
+    def open_streams(self) -> int:
+        """How many Watch and NodeWatch streams are open now."""
+        return len(self._streams)
 
     def stop(self, grace: float = 0.5) -> None:
         """Stop serving (open streams are cancelled after ``grace`` s) and end the loop thread."""
         if self._loop.is_closed():
             return
-        self._run(self._server.stop(grace))
+        self._run(self._stop(grace))
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
         self._loop.close()
         # A Chaos request may still wait for its node agent: let it end on its own.
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _stop(self, grace: float) -> None:
+        await self._server.stop(grace)
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
 
     # ------------------------------------------------------------------ requests
     async def _open(self, request: bytes, context: grpc.aio.ServicerContext) -> dict[str, Any]:
@@ -185,9 +220,14 @@ class ControlServer:
                 outbox, ended = await self._call(lookup, body)
             except (ProtocolError, KeyError) as exc:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad request: {exc}")
-            await context.send_initial_metadata(())
-            async for message in drain(body, outbox, ended):
-                yield seal(message, self._token)
+            key = object()  # a process may hold two streams (a reconnect): one entry each
+            self._streams[key] = (outbox, ended)
+            try:
+                await context.send_initial_metadata(())
+                async for message in drain(body, outbox, ended):
+                    yield seal(message, self._token)
+            finally:
+                del self._streams[key]
 
         return handler
 
@@ -201,7 +241,7 @@ class ControlServer:
         and nothing is left for it; the client closing the stream cancels it.
         """
         while True:
-            message = await outbox.next(POLL_SECONDS)
+            message = await outbox.next()
             if message is None:
                 if gone():
                     return
@@ -221,7 +261,7 @@ class ControlServer:
         finished = False
         try:
             while not lost():
-                command = await outbox.next(POLL_SECONDS)
+                command = await outbox.next()
                 if command is None:
                     continue
                 yield command
