@@ -14,6 +14,7 @@ from torchrelay.control.controller import Controller
 from torchrelay.control.service import ControlServer
 from torchrelay.control.wire import new_token, seal
 from torchrelay.ledger import Ledger, read_ledger
+from torchrelay.report.summary import summarize
 
 
 class FakeAgent:
@@ -271,3 +272,4 @@ def test_garbage_flood_is_counted_and_the_ledger_stays_small(job):
     controller.stop("test over")
     end = read_ledger(ledger)[-1]
     assert end["event"] == "job_end" and end["rejected_requests"] == counts
+    assert summarize(run_dir)["refused_messages"] == 2000
