@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 
 import grpc
@@ -273,3 +275,14 @@ def test_garbage_flood_is_counted_and_the_ledger_stays_small(job):
     end = read_ledger(ledger)[-1]
     assert end["event"] == "job_end" and end["rejected_requests"] == counts
     assert summarize(run_dir)["refused_messages"] == 2000
+
+
+def test_the_client_imports_neither_the_controller_nor_the_server():
+    # Operators' commands load only the client (torch comes in only through the package
+    # __init__, which the CLI's lazy imports avoid).
+    code = "import sys, torchrelay.control.client; print(' '.join(sys.modules))"
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    ).stdout.split()
+    assert "torchrelay.control.controller" not in loaded
+    assert "torchrelay.control.service" not in loaded
