@@ -286,3 +286,26 @@ def test_the_client_imports_neither_the_controller_nor_the_server():
     ).stdout.split()
     assert "torchrelay.control.controller" not in loaded
     assert "torchrelay.control.service" not in loaded
+
+
+def test_watch_ends_when_its_process_dies_and_a_closed_node_stream_loses_the_node(job):
+    controller, _, client, run_dir, _ = job
+    worker = client("worker0")
+    worker.join("worker", 1, "node0", 0)
+    stream = worker.watch()
+    ended: list[list[dict]] = []
+    reader = threading.Thread(target=lambda: ended.append(list(stream)))
+    reader.start()
+    controller.on_exit("worker0", -9)
+    reader.join(timeout=60)
+    assert ended == [[]]  # ended without a message, as the process is dead
+
+    agent = client("agent@node1")
+    agent.node_join("node1")
+    commands = agent.node_watch("node1")
+    controller.nodes["node1"].outbox.put({"type": "start_spare"})
+    assert next(commands) == {"type": "start_spare"}
+    agent.close()  # the agent's connection closes without a finish
+    assert controller.wait_until(lambda: not controller.nodes["node1"].alive, timeout=60)
+    lost = [e for e in read_ledger(run_dir / "ledger.jsonl") if e["event"] == "node_lost"]
+    assert [e["reason"] for e in lost] == ["its agent's connection closed"]

@@ -494,6 +494,7 @@ class Controller:
         entry = self._node(node)
         with self._cond:
             self._node_lost(entry, "its agent's connection closed")
+            self._cond.notify_all()
 
     def node_report(self, node: str, kind: str, body: dict[str, Any]) -> dict[str, Any]:
         """A remote agent's heartbeat, a process exit it saw, or the start of a chaos drill.
