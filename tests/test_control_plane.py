@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 
 import grpc
@@ -9,10 +11,12 @@ import pytest
 
 from torchrelay.chaos import parse_schedule
 from torchrelay.config import JobConfig
+from torchrelay.control.client import SERVICE, ControlClient, ControlError
 from torchrelay.control.controller import Controller
-from torchrelay.control.service import SERVICE, ControlClient, ControlError, ControlServer
-from torchrelay.control.wire import new_token
+from torchrelay.control.service import ControlServer
+from torchrelay.control.wire import new_token, seal
 from torchrelay.ledger import Ledger, read_ledger
+from torchrelay.report.summary import summarize
 
 
 class FakeAgent:
@@ -42,6 +46,7 @@ def job(tmp_path):
     agent = FakeAgent()
     controller = Controller(config, ledger, agent)
     token = new_token()
+    (tmp_path / "token").write_text(token)
     server = ControlServer(controller, token)
     server.start()
     clients: list[ControlClient] = []
@@ -200,3 +205,110 @@ def test_scheduled_node_fault_goes_to_the_node_agent_at_its_step(job):
     fired = [e for e in read_ledger(run_dir / "ledger.jsonl") if e["event"] == "chaos_fired"]
     assert [(e["action"], e["node"]) for e in fired] == [("kill-node", 1)]
     assert not controller.chaos_pending
+
+
+def send_raw(address: str, method: str, data: bytes) -> grpc.RpcError | bytes:
+    """Send ``data`` as a request as is: the response bytes, or the RPC error."""
+    with grpc.insecure_channel(address) as channel:
+        try:
+            return channel.unary_unary(f"/{SERVICE}/{method}")(data, timeout=10)
+        except grpc.RpcError as exc:
+            return exc
+
+
+def test_replayed_heartbeat_is_refused_and_changes_nothing(job):
+    controller, _, client, run_dir, address = job
+    client("worker0").join("worker", 1, "node0", 0)
+    token = (run_dir / "token").read_text()
+    captured = seal(
+        {"process": "worker0", "kind": "progress", "generation": 0, "step": 3, "step_age": 0.1},
+        token,
+    )
+    assert isinstance(send_raw(address, "Report", captured), bytes)  # the original gets in
+    member = controller.members["worker0"]
+    seen, committed = member.last_seen, member.committed
+    refused = send_raw(address, "Report", captured)  # a replay would vouch for a hung worker
+    assert isinstance(refused, grpc.RpcError)
+    assert refused.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert "replayed" in refused.details()
+    assert (member.last_seen, member.committed) == (seen, committed)
+    assert controller.status()["rejected_requests"] == {"replayed": 1}
+
+
+def test_replayed_node_join_cannot_bring_a_lost_node_back(job):
+    controller, _, _, run_dir, address = job
+    token = (run_dir / "token").read_text()
+    captured = seal({"process": "agent@node1", "node": "node1"}, token)
+    assert isinstance(send_raw(address, "NodeJoin", captured), bytes)
+    controller.node_stream_closed("node1")  # its agent died: the node is lost
+    assert not controller.nodes["node1"].alive
+    refused = send_raw(address, "NodeJoin", captured)
+    assert isinstance(refused, grpc.RpcError) and "replayed" in refused.details()
+    assert not controller.nodes["node1"].alive
+    assert [e["event"] for e in read_ledger(run_dir / "ledger.jsonl")].count("node_join") == 1
+
+
+def test_deeply_nested_request_is_refused_before_parsing(job):
+    controller, _, client, _, address = job
+    refused = send_raw(address, "Join", b"[" * 500_000)
+    assert isinstance(refused, grpc.RpcError)
+    assert refused.code() == grpc.StatusCode.UNAUTHENTICATED, refused.details()
+    client("worker0").join("worker", 1, "node0", 0)  # the server is still serving
+    assert "worker0" in controller.members
+
+
+def test_garbage_flood_is_counted_and_the_ledger_stays_small(job):
+    controller, _, _, run_dir, address = job
+    ledger = run_dir / "ledger.jsonl"
+    before = ledger.stat().st_size
+    forged = seal({"process": "intruder", "node": "node9"}, new_token())
+    codes = set()
+    with grpc.insecure_channel(address) as channel:
+        join = channel.unary_unary(f"/{SERVICE}/NodeJoin")
+        for _ in range(8):  # 250 at a time: more in flight on one channel gets some CANCELLED
+            calls = [join.future(data, timeout=60) for data in [b"garbage", forged] * 125]
+            codes |= {call.exception().code() for call in calls}
+    assert codes == {grpc.StatusCode.UNAUTHENTICATED}
+    counts = {"malformed": 1000, "unauthenticated": 1000}
+    assert controller.status()["rejected_requests"] == counts
+    assert controller.nodes == {}
+    # 5 samples and 8 power-of-two summaries per reason, about 300 bytes each.
+    assert ledger.stat().st_size - before < 2 * 13 * 400
+    controller.stop("test over")
+    end = read_ledger(ledger)[-1]
+    assert end["event"] == "job_end" and end["rejected_requests"] == counts
+    assert summarize(run_dir)["refused_messages"] == 2000
+
+
+def test_the_client_imports_neither_the_controller_nor_the_server():
+    # Operators' commands load only the client (torch comes in only through the package
+    # __init__, which the CLI's lazy imports avoid).
+    code = "import sys, torchrelay.control.client; print(' '.join(sys.modules))"
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    ).stdout.split()
+    assert "torchrelay.control.controller" not in loaded
+    assert "torchrelay.control.service" not in loaded
+
+
+def test_watch_ends_when_its_process_dies_and_a_closed_node_stream_loses_the_node(job):
+    controller, _, client, run_dir, _ = job
+    worker = client("worker0")
+    worker.join("worker", 1, "node0", 0)
+    stream = worker.watch()
+    ended: list[list[dict]] = []
+    reader = threading.Thread(target=lambda: ended.append(list(stream)))
+    reader.start()
+    controller.on_exit("worker0", -9)
+    reader.join(timeout=60)
+    assert ended == [[]]  # ended without a message, as the process is dead
+
+    agent = client("agent@node1")
+    agent.node_join("node1")
+    commands = agent.node_watch("node1")
+    controller.nodes["node1"].outbox.put({"type": "start_spare"})
+    assert next(commands) == {"type": "start_spare"}
+    agent.close()  # the agent's connection closes without a finish
+    assert controller.wait_until(lambda: not controller.nodes["node1"].alive, timeout=60)
+    lost = [e for e in read_ledger(run_dir / "ledger.jsonl") if e["event"] == "node_lost"]
+    assert [e["reason"] for e in lost] == ["its agent's connection closed"]

@@ -7,8 +7,8 @@ import threading
 import pytest
 
 from torchrelay.agent import partition
+from torchrelay.control.client import ControlError
 from torchrelay.control.lease import keep_alive
-from torchrelay.control.service import ControlError
 
 
 def test_lease_expires_once_no_heartbeat_gets_through():

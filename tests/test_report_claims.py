@@ -7,7 +7,7 @@ import pytest
 
 from tests.test_control_plane import job  # noqa: F401  (the controller behind a real server)
 from torchrelay.control.claims import claimed_step, judge_claim, judge_max_steps
-from torchrelay.control.service import ControlError
+from torchrelay.control.client import ControlError
 from torchrelay.ledger import read_ledger
 
 

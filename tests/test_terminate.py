@@ -65,7 +65,7 @@ def test_exit_status_is_the_shells_for_a_signal():
 LEAVE = textwrap.dedent(
     """
     import os, sys, threading
-    from torchrelay.control.service import ControlError
+    from torchrelay.control.client import ControlError
     from torchrelay.runtime.control_link import _die_on_control_error
     sys.stdin.readline()  # the test has closed the reading end of our stderr by now
     error = ControlError(sys.argv[1], "the launcher is gone")

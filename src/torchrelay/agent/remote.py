@@ -24,8 +24,8 @@ from torchrelay.agent import partition
 from torchrelay.agent.agent import NodeAgent
 from torchrelay.agent.signals import ALONGSIDE, STOP_SIGNALS, StopSignals, exit_status
 from torchrelay.config import JobConfig
+from torchrelay.control.client import ControlClient, ControlError
 from torchrelay.control.lease import HEARTBEAT_RPC_TIMEOUT, keep_alive
-from torchrelay.control.service import ControlClient, ControlError
 
 
 class RemoteNode:

@@ -14,7 +14,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from torchrelay.control.service import ControlClient, ControlError
+from torchrelay.control.client import ControlClient, ControlError
 
 
 def connect(run_dir: Path) -> ControlClient:

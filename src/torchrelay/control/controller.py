@@ -8,12 +8,11 @@ workers only report progress asynchronously.
 
 from __future__ import annotations
 
-import queue
 import signal
 import statistics
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -21,6 +20,7 @@ from torchrelay.chaos import NODE_ACTIONS, ChaosEvent
 from torchrelay.config import JobConfig
 from torchrelay.control.claims import claimed_step, judge_claim, judge_max_steps
 from torchrelay.control.detection import Beat, judge
+from torchrelay.control.outbox import Outbox
 from torchrelay.control.planner import (
     PlanningError,
     RecoveryPlan,
@@ -28,6 +28,7 @@ from torchrelay.control.planner import (
     choose_replacements,
     plan_recovery,
 )
+from torchrelay.control.rejections import Rejections
 from torchrelay.exits import SELF_FENCED
 from torchrelay.ledger import Ledger
 
@@ -75,7 +76,7 @@ class Member:
     error: dict[str, Any] | None = None
     # Highest step claimed per report channel (see control.claims); cleared on a receiver.
     claims: dict[str, int] = field(default_factory=dict)
-    outbox: queue.Queue[dict[str, Any]] = field(default_factory=queue.Queue)
+    outbox: Outbox = field(default_factory=Outbox)
 
 
 @dataclass
@@ -83,7 +84,7 @@ class Node:
     """A remote node agent, reached through the commands it watches; it heartbeats."""
 
     name: str
-    outbox: queue.Queue[dict[str, Any]] = field(default_factory=queue.Queue)
+    outbox: Outbox = field(default_factory=Outbox)
     alive: bool = True
     last_seen: float = field(default_factory=time.time)
     chaos_notice: dict[str, Any] | None = None
@@ -124,6 +125,8 @@ class Controller:
         self.spare_failures = 0
         self.outcome: dict[str, Any] | None = None
         self.stragglers: dict[str, dict[str, Any]] = {}
+        # Control requests refused before they reached the controller (counted by the server).
+        self.rejections = Rejections(ledger)
         self._cond = threading.Condition()
         self._failed: dict[int, dict[str, Any]] = {}
         self._reform: dict[str, Any] | None = None
@@ -184,6 +187,7 @@ class Controller:
                     for n in self.nodes.values()
                 },
                 "stragglers": list(self.stragglers.values()),
+                "rejected_requests": self.rejections.counts(),
                 "outcome": self.outcome,
             }
 
@@ -245,25 +249,12 @@ class Controller:
             return []
         return [e.to_dict() for e in self.chaos_pending.values() if e.rank == slot]
 
-    def watch(
-        self, process: str, active: Callable[[], bool] = lambda: True
-    ) -> Iterator[dict[str, Any]]:
-        """Messages for ``process`` (abort, plan, finish), in order, until it should stop.
-
-        Ends when ``active()`` turns false (the stream was cancelled or the server stopped).
-        """
+    def watch(self, process: str) -> tuple[Outbox, Callable[[], bool]]:
+        """The outbox of ``process`` (abort, plan, finish messages, in order) and a test that
+        says its stream may end once the outbox is empty: the process is dead or fenced."""
         with self._cond:
             member = self._member(process)
-        while active():
-            try:
-                message = member.outbox.get(timeout=0.5)
-            except queue.Empty:
-                if member.state in ("dead", "fenced"):
-                    return
-                continue
-            yield message
-            if message["type"] in ("finish", "fenced"):
-                return
+        return member.outbox, lambda: member.state in ("dead", "fenced")
 
     def report(self, process: str, kind: str, body: dict[str, Any]) -> dict[str, Any]:
         """Handle one report from a process.
@@ -551,30 +542,23 @@ class Controller:
             self.ledger.record("node_join", node=node)
             return {"world_size": self.config.world_size, "node_timeout": self.config.node_timeout}
 
-    def watch_node(self, node: str, active: Callable[[], bool]) -> Iterator[dict[str, Any]]:
-        """Commands for a node agent (start_spare, fence, chaos, finish).
+    def watch_node(self, node: str) -> tuple[Outbox, Callable[[], bool]]:
+        """The outbox of commands for a node agent (start_spare, signal, chaos, finish) and a
+        test that says its stream must end: the node was declared lost.
 
-        When the stream ends without a ``finish`` -- the agent died -- every process of that
-        node is declared lost in one go. A node cut off by the network may keep its stream
-        open for minutes: its heartbeats stopping is what declares it lost then, and that also
-        ends this stream.
+        A node cut off by the network may keep its stream open for minutes: its heartbeats
+        stopping is what declares it lost then, and that also ends the stream.
         """
         entry = self._node(node)
-        finished = False
-        try:
-            while active() and entry.alive:
-                try:
-                    command = entry.outbox.get(timeout=0.5)
-                except queue.Empty:
-                    continue
-                yield command
-                if command["type"] == "finish":
-                    finished = True
-                    return
-        finally:
-            if not finished:
-                with self._cond:
-                    self._node_lost(entry, "its agent's connection closed")
+        return entry.outbox, lambda: not entry.alive
+
+    def node_stream_closed(self, node: str) -> None:
+        """The agent's command stream ended without ``finish``: the agent died, so every
+        process of that node is declared lost in one go."""
+        entry = self._node(node)
+        with self._cond:
+            self._node_lost(entry, "its agent's connection closed")
+            self._cond.notify_all()
 
     def node_report(self, node: str, kind: str, body: dict[str, Any]) -> dict[str, Any]:
         """A remote agent's heartbeat, a process exit it saw, or the start of a chaos drill.
@@ -1041,7 +1025,7 @@ class Controller:
     # ---------------------------------------------------------------- endings
     def _finish_success(self) -> None:
         self.outcome = {"status": "succeeded", "steps_committed": self.highest_committed + 1}
-        self.ledger.record("job_end", **self.outcome)
+        self.ledger.record("job_end", **self.outcome, rejected_requests=self.rejections.counts())
         for member in self.members.values():
             member.outbox.put({"type": "finish"})
         for node in self.nodes.values():
@@ -1058,7 +1042,7 @@ class Controller:
         }
         if traceback:
             self.outcome["traceback"] = traceback
-        self.ledger.record("job_end", **self.outcome)
+        self.ledger.record("job_end", **self.outcome, rejected_requests=self.rejections.counts())
         self._cond.notify_all()
 
 

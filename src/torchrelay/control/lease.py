@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from torchrelay.control.service import ControlError
+from torchrelay.control.client import ControlError
 
 HEARTBEAT_INTERVAL = 0.5
 HEARTBEAT_RPC_TIMEOUT = 2.0

@@ -54,10 +54,22 @@ def summarize(run_dir: Path) -> dict[str, Any]:
             if e["event"] == "straggler"
         ],
         "hangs_detected": sum(1 for e in events if e["event"] == "hang_detected"),
-        "refused_messages": sum(
-            1 for e in events if e["event"] in ("fenced_refused", "rejected_message")
-        ),
+        "refused_messages": sum(1 for e in events if e["event"] == "fenced_refused")
+        + _rejected(events, end),
     }
+
+
+def _rejected(events: list[dict[str, Any]], end: dict[str, Any] | None) -> int:
+    """Requests the control server refused: the count in ``job_end``, or while the job runs,
+    the highest count logged per reason (only a sample of them has a ledger line)."""
+    if end is not None and isinstance(end.get("rejected_requests"), dict):
+        return sum(end["rejected_requests"].values())
+    highest: dict[str, int] = {}
+    for e in events:
+        if e["event"] in ("rejected_message", "rejected_summary"):
+            reason = str(e.get("reason"))
+            highest[reason] = max(highest.get(reason, 0), int(e.get("count", 1)))
+    return sum(highest.values())
 
 
 def _failure_entry(event: dict[str, Any], recovery: dict[str, Any] | None) -> dict[str, Any]:

@@ -34,7 +34,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from torchrelay.chaos import ChaosEvent
-from torchrelay.control.service import ControlClient
+from torchrelay.control.client import ControlClient
 from torchrelay.runtime import default_group
 from torchrelay.runtime.chaos_inject import ChaosInjection
 from torchrelay.runtime.control_link import ControlLink, install_excepthook
