@@ -120,6 +120,9 @@ async def drive(
         await asyncio.gather(
             *(heartbeats(i, rng.uniform(0, HEARTBEAT_INTERVAL)) for i in range(1, len(processes)))
         )
+        # A world of one step: the worker declares it, then reports it done.
+        declare = {"process": "worker0", "kind": "max_steps", "generation": 0, "max_steps": 1}
+        await call(0, "Report", declare)
         await call(0, "Report", {"process": "worker0", "kind": "done", "generation": 0, "step": 0})
         for process, messages in zip(processes, await asyncio.gather(*received), strict=True):
             load.streams[process] = messages

@@ -218,7 +218,9 @@ def send_raw(address: str, method: str, data: bytes) -> grpc.RpcError | bytes:
 
 def test_replayed_heartbeat_is_refused_and_changes_nothing(job):
     controller, _, client, run_dir, address = job
-    client("worker0").join("worker", 1, "node0", 0)
+    worker = client("worker0")
+    worker.join("worker", 1, "node0", 0)
+    worker.report("max_steps", max_steps=10)
     token = (run_dir / "token").read_text()
     captured = seal(
         {"process": "worker0", "kind": "progress", "generation": 0, "step": 3, "step_age": 0.1},

@@ -45,8 +45,8 @@ def _authentic_schema(ranks, token: str, generation: int) -> bytes:
 @pytest.mark.parametrize(
     "forge, message",
     [
-        (lambda ranks, token: b"garbage", "not JSON"),
-        (lambda ranks, token: b'{"mac": "00", "body": {"tree": 1}}', "failed authentication"),
+        (lambda ranks, token: b"garbage", "malformed control message"),
+        (lambda ranks, token: b"0" * 64 + b'.{"body": {"tree": 1}}', "failed authentication"),
         (lambda ranks, token: seal({"generation": 2}, new_token()), "failed authentication"),
         (lambda ranks, token: seal({"generation": 2, "tree": {}}, token), "specs"),
         (lambda ranks, token: _authentic_schema(ranks, token, generation=1), "for generation 1"),

@@ -15,8 +15,8 @@ import threading
 import traceback
 from typing import Any, NoReturn
 
-from torchrelay.control.lease import HEARTBEAT_RPC_TIMEOUT, keep_alive
 from torchrelay.control.client import ControlClient, ControlError
+from torchrelay.control.lease import HEARTBEAT_RPC_TIMEOUT, keep_alive
 from torchrelay.exits import EXIT_CONTROLLER_LOST, EXIT_FENCED
 from torchrelay.runtime.default_group import REINIT_ADVICE, is_reinit_error
 from torchrelay.runtime.facade import StableProcessGroup
