@@ -36,6 +36,7 @@ from torchrelay.control.lease import HEARTBEAT_RPC_TIMEOUT, keep_alive
 from torchrelay.control.service import ControlClient, ControlError
 from torchrelay.exits import EXIT_CONTROLLER_LOST, EXIT_FENCED
 from torchrelay.runtime.data import step_loader
+from torchrelay.runtime.ddp import fix_all_buckets, fix_buckets
 from torchrelay.runtime.devices import new_group, select_device
 from torchrelay.runtime.env import RelayEnv
 from torchrelay.runtime.facade import StableProcessGroup
@@ -78,6 +79,7 @@ class Relay:
         self._current_step: int | None = None
         self._busy: str | None = None
         self._first_after_recovery = False
+        self._last_commit_t: float | None = None  # wall time, for the survivors' stall
         self._state_valid = self.rank is not None  # a spare holds no state worth sending
         self._retired: list[dist.ProcessGroup] = []
         self.timer = StepTimer()
@@ -105,7 +107,8 @@ class Relay:
     ) -> None:
         """Register the state to carry to a replacement.
 
-        ``model`` may be a DDP module built with ``process_group=relay.process_group``;
+        ``model`` may be a DDP module built with ``process_group=relay.process_group`` or
+        its inner module (every DDP over that group is prepared for recovery either way);
         ``optimizer`` is guarded (its ``step`` is skipped in a dropped step); ``scheduler`` and
         ``objects`` are anything with ``state_dict()``/``load_state_dict()``.
         """
@@ -149,6 +152,7 @@ class Relay:
         """
         if dataset is not None and batch_size is None:
             raise ValueError("steps(dataset, ...) needs batch_size")
+        fix_all_buckets(self.process_group)  # DDPs built over our group but not tracked
         if self.is_spare:
             self._await_assignment()
         batches: Iterator[Any] | None = None
@@ -184,6 +188,7 @@ class Relay:
                 batches = None
                 continue
             self.committed = step
+            self._last_commit_t = time.time()
             self.timer.commit()
             self._report_resumed()
             if self.guard.poisoned:
@@ -197,12 +202,7 @@ class Relay:
                 "build DDP with process_group=relay.process_group so it survives "
                 "communicator changes"
             )
-        # DDP re-orders its gradient buckets after the first backward and syncs the new order
-        # from rank 0. A replacement would do that at its first step while the survivors did it
-        # long ago: mismatched collectives. Fix the layout now, identically on every rank.
-        with self.process_group.local():
-            model.reducer._push_all_rebuilt_params()
-            model.reducer._rebuild_buckets()
+        fix_buckets(model, self.process_group)
 
     # ------------------------------------------------------------------ generations
     def _bind(self, generation: int, rank: int) -> None:
@@ -391,6 +391,8 @@ class Relay:
 
     # ------------------------------------------------------------------ control plane
     def _report(self, kind: str, **body: Any) -> dict[str, Any]:
+        if kind == "halted":  # how long the survivors stall is measured from their last commit
+            body.setdefault("last_commit_t", self._last_commit_t)
         try:
             return self._client.report(kind, generation=self.generation, **body)
         except ControlError as exc:
