@@ -5,17 +5,21 @@ from __future__ import annotations
 import pytest
 
 from torchrelay.control.verdicts import (
+    after_loop_reason,
     describe_exit,
     fails_before_first_step,
     finish_verdict,
+    first_step_bug_reason,
     last_traceback,
     missing_spares,
     never_joined,
+    no_spare_reason,
     overdue_reason,
     recovery_deadline,
     spare_node,
     step_in_flight,
     survivor_gaps,
+    unjoined_failure,
     worker_slot,
 )
 
@@ -127,3 +131,25 @@ def test_an_overdue_recovery_names_who_is_stuck_where():
 def test_survivor_gaps_run_from_the_last_commit_before_to_the_first_after():
     gaps = survivor_gaps({0: 100.0, 2: 100.5, 1: None}, {0: 100.3, 1: 100.4, 2: 100.9})
     assert gaps == pytest.approx({0: 0.3, 2: 0.4})
+
+
+def test_a_worker_that_never_joined_is_a_failure_in_step_zero():
+    failure = unjoined_failure("worker2", 1, "Traceback (most recent call last):\nKeyError")
+    assert failure is not None
+    assert (failure["slot"], failure["step"], failure["kind"]) == (2, 0, "exception")
+    assert unjoined_failure("worker2", -9, "")["kind"] == "signal"  # type: ignore[index]
+    assert unjoined_failure("worker2", 0, "")["traceback"] is None  # type: ignore[index]
+    assert unjoined_failure("spare1", 1, "") is None
+
+
+def test_reasons_are_one_line_and_name_rank_step_and_cause():
+    reasons = [
+        first_step_bug_reason(1, "worker1", 0, "exit code 1"),
+        after_loop_reason(0, "worker0", -9),
+        no_spare_reason({1: "SIGKILL", 0: "SIGKILL"}, 40, 0),
+    ]
+    assert all("\n" not in r for r in reasons)
+    assert reasons[0].startswith("rank 1 (worker1) failed in step 0 (exit code 1)")
+    assert "rank 0 (worker0) failed after its last step (SIGKILL)" in reasons[1]
+    assert reasons[2].startswith("rank(s) [0, 1] lost in step 40 (rank 0: SIGKILL, rank 1: ")
+    assert "(--spares 0), so none will come" in reasons[2]

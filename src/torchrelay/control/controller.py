@@ -28,19 +28,21 @@ from torchrelay.control.planner import (
     plan_recovery,
 )
 from torchrelay.control.verdicts import (
-    TRACEBACK_HEADER,
+    after_loop_reason,
     describe_exit,
     fails_before_first_step,
     finish_verdict,
+    first_step_bug_reason,
     last_traceback,
     missing_spares,
     never_joined,
+    no_spare_reason,
     overdue_reason,
     recovery_deadline,
     spare_node,
     step_in_flight,
     survivor_gaps,
-    worker_slot,
+    unjoined_failure,
 )
 from torchrelay.exits import SELF_FENCED
 from torchrelay.ledger import Ledger
@@ -443,24 +445,10 @@ class Controller:
         """A process died before it could even join: a broken script or environment (stop at
         once, see :func:`never_joined`), or a spare killed from outside (start another)."""
         output = self._output_tail(process)
-        slot = worker_slot(process)
-        if slot is not None:
+        failure = unjoined_failure(process, returncode, output)
+        if failure is not None:
             now = time.time()
-            kind = "exception" if TRACEBACK_HEADER in output else "exit"
-            self.ledger.record(
-                "failure",
-                slot=slot,
-                process=process,
-                last_reported_step=-1,
-                step=0,
-                cause=describe_exit(returncode),
-                kind="signal" if returncode < 0 else kind,
-                detected_by="process exit before joining the job",
-                generation=self.generation,
-                t=now,
-                onset=now,
-                traceback=output or None,
-            )
+            self.ledger.record("failure", **failure, generation=self.generation, t=now, onset=now)
         reason = never_joined(process, returncode, output)
         if reason is not None:
             self._fail(reason, traceback=output or None)
@@ -498,9 +486,7 @@ class Controller:
         elif verdict == "failed":
             failed = self.members[self.assignments[slot]]  # type: ignore[index]
             self._fail(
-                f"rank {slot} ({failed.process}) failed after its last step "
-                f"({describe_exit(failed.returncode)}), in the script's final work after the "
-                "training loop; the job did not complete",
+                after_loop_reason(slot, failed.process, failed.returncode),  # type: ignore[arg-type]
                 traceback=(failed.error or {}).get("traceback")
                 or self._output_tail(failed.process)
                 or None,
@@ -549,9 +535,7 @@ class Controller:
         self.ledger.record("failure", **failure)
         if fails_before_first_step(kind, self.highest_committed):
             self._fail(
-                f"rank {member.slot} ({member.process}) failed in step {step} ({cause}) before "
-                "any step was committed: a bug in the script, not a hardware failure (every "
-                "rank would fail the same way), so the job stops without retrying",
+                first_step_bug_reason(member.slot, member.process, step, cause),
                 traceback=failure.get("traceback") or self._output_tail(member.process) or None,
             )
             return
@@ -706,6 +690,7 @@ class Controller:
         if not entry.alive or self.finished:
             return
         entry.alive = False
+        self._spares_launching.pop(entry.name, None)  # its spares on the way are lost too
         lost = [
             m
             for m in self.members.values()
@@ -995,12 +980,8 @@ class Controller:
         if self.finished:
             return
         step = self.highest_committed + 1
-        causes = ", ".join(f"rank {s}: {f['cause']}" for s, f in sorted(failures.items()))
-        reason = (
-            f"rank(s) {sorted(failures)} lost in step {step} ({causes}) and no spare can "
-            f"replace them: none is ready, starting or being launched (--spares "
-            f"{self.config.spares}), so none will come; run with --spares 1 or more"
-        )
+        causes = {slot: str(f["cause"]) for slot, f in failures.items()}
+        reason = no_spare_reason(causes, step, self.config.spares)
         self.ledger.record("recovery_abandoned", slots=sorted(failures), step=step, reason=reason)
         self._fail(reason)
 

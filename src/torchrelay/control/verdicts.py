@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import re
 import signal
+from typing import Any
 
 TRACEBACK_HEADER = "Traceback (most recent call last):"
 TAIL_LINES = 40
@@ -100,10 +101,38 @@ def never_joined(process: str, returncode: int, output: str) -> str | None:
     )
 
 
+def unjoined_failure(process: str, returncode: int, output: str) -> dict[str, Any] | None:
+    """The ledger's ``failure`` fields for a worker that exited before joining (``None`` for a
+    spare: it held no slot). It fails in step 0, having committed nothing."""
+    slot = worker_slot(process)
+    if slot is None:
+        return None
+    kind = "exception" if TRACEBACK_HEADER in output else "exit"
+    return {
+        "slot": slot,
+        "process": process,
+        "last_reported_step": -1,
+        "step": 0,
+        "cause": describe_exit(returncode),
+        "kind": "signal" if returncode < 0 else kind,
+        "detected_by": "process exit before joining the job",
+        "traceback": output or None,
+    }
+
+
 def fails_before_first_step(kind: str, highest_committed: int) -> bool:
     """A script failure (``exception``/``exit``) while no rank has committed a step yet is a
     bug every replacement would hit again: stop at once instead of retrying."""
     return kind in ("exception", "exit") and highest_committed < 0
+
+
+def first_step_bug_reason(slot: int, process: str, step: int, cause: str) -> str:
+    """Why a script failure before any commit stopped the job (see above)."""
+    return (
+        f"rank {slot} ({process}) failed in step {step} ({cause}) before any step was "
+        "committed: a bug in the script, not a hardware failure (every rank would fail the "
+        "same way), so the job stops without retrying"
+    )
 
 
 def step_in_flight(highest_committed: int, error_step: int | None = None) -> int:
@@ -127,11 +156,29 @@ def finish_verdict(exits: dict[int, int | None]) -> tuple[str, int | None]:
     return "wait", None
 
 
+def after_loop_reason(slot: int, process: str, returncode: int) -> str:
+    """Why the job failed although every slot finished its last step."""
+    return (
+        f"rank {slot} ({process}) failed after its last step ({describe_exit(returncode)}), in "
+        "the script's final work after the training loop; the job did not complete"
+    )
+
+
 def missing_spares(needed: int, ready: int, starting: int, launching: int) -> bool:
     """True when a recovery needing ``needed`` spares can never get them: fewer are ready,
     starting (joined, still setting up) or launching (started, not yet joined) than needed.
     Nothing else ever starts a spare during a recovery, so waiting would be in vain."""
     return ready + starting + launching < needed
+
+
+def no_spare_reason(causes: dict[int, str], step: int, spares: int) -> str:
+    """Why a recovery of the slots in ``causes`` (slot -> cause) was given up in ``step``."""
+    named = ", ".join(f"rank {slot}: {cause}" for slot, cause in sorted(causes.items()))
+    return (
+        f"rank(s) {sorted(causes)} lost in step {step} ({named}) and no spare can replace "
+        f"them: none is ready, starting or being launched (--spares {spares}), so none will "
+        "come; run with --spares 1 or more"
+    )
 
 
 def recovery_deadline(halt_timeout: float, hang_timeout: float) -> float:
