@@ -28,19 +28,20 @@ class FakeAgent:
 
 @pytest.fixture
 def make(tmp_path):
-    ledgers: list[Ledger] = []
+    built: list[Controller] = []
 
     def build(**overrides) -> Controller:
         options = {"spares": 1, "spare_timeout": 60, "halt_timeout": 60, **overrides}
         config = JobConfig(
             script="train.py", script_args=[], nproc_per_node=2, run_dir=tmp_path, **options
         )
-        ledgers.append(Ledger(tmp_path / "ledger.jsonl"))
-        return Controller(config, ledgers[-1], FakeAgent())
+        built.append(Controller(config, Ledger(tmp_path / "ledger.jsonl"), FakeAgent()))
+        return built[-1]
 
     yield build
-    for ledger in ledgers:
-        ledger.close()
+    for controller in built:
+        controller.stop("test over")  # its recovery thread ends before the ledger closes
+        controller.ledger.close()
 
 
 def until(predicate: Callable[[], object], timeout: float = 60.0) -> None:
