@@ -922,7 +922,7 @@ class Controller:
             if len(self._ready_spares()) < len(failures) and self._no_spare_will_come(
                 len(failures)
             ):
-                self._abandon(recovery, failures, survivors, interrupted)
+                self._abandon(failures, survivors, interrupted)
                 return
             if not ok:
                 self._fail(
@@ -965,7 +965,6 @@ class Controller:
 
     def _abandon(
         self,
-        recovery: Recovery,
         failures: dict[int, dict[str, Any]],
         survivors: list[Member],
         interrupted: Callable[[], bool],
