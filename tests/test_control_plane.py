@@ -59,6 +59,7 @@ def job(tmp_path):
     for c in clients:
         c.close()
     server.stop()
+    controller.stop("test over")  # a recovery in progress ends before the ledger closes
     ledger.close()
 
 

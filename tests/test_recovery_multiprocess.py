@@ -75,16 +75,3 @@ def test_user_bug_on_every_replacement_stops_after_max_restarts(tmp_path):
     failures = [e for e in job.ledger() if e["event"] == "failure"]
     assert len(failures) == 2 and all(f["kind"] == "exception" for f in failures)
     assert not (tmp_path / "final.pt").exists()
-
-
-def test_missing_spare_stops_the_job_after_the_spare_timeout(tmp_path):
-    job = run_job(
-        tmp_path, spares=0, chaos=("kill:rank=1:step=3",), launcher_args=("--spare-timeout", "3")
-    )
-    assert job.returncode == 1
-    events = job.ledger()
-    end = [e for e in events if e["event"] == "job_end"][-1]
-    assert "no spare became ready within 3 s" in end["reason"]
-    failure = next(e for e in events if e["event"] == "failure")
-    assert 3.0 <= end["t"] - failure["t"] < 30.0
-    assert "no spare became ready" in job.output

@@ -21,8 +21,15 @@ parser.add_argument("--eval-rank", type=int, default=-1, help="a long evaluation
 parser.add_argument("--eval-step", type=int, default=-1)
 parser.add_argument("--eval-seconds", type=float, default=0.0)
 parser.add_argument("--eval-declared", type=int, default=1, help="inside relay.busy(...)")
+parser.add_argument("--before-init", choices=["raise", "exit"], help="fail before init()")
+parser.add_argument("--track-inner", action="store_true", help="track(model=ddp.module)")
+parser.add_argument("--fail-saving", action="store_true", help="rank 0 raises after the loop")
 args = parser.parse_args()
 
+if args.before_init == "raise":
+    raise RuntimeError("deliberate bug before torchrelay.init()")
+if args.before_init == "exit":
+    raise SystemExit(0)
 relay = torchrelay.init(seed=7)
 net = torch.nn.Sequential(
     torch.nn.Linear(16, 64), torch.nn.GELU(), torch.nn.Dropout(0.1), torch.nn.Linear(64, 4)
@@ -30,7 +37,7 @@ net = torch.nn.Sequential(
 model = DDP(net, process_group=relay.process_group)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
 sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 5))
-relay.track(model=model, optimizer=opt, scheduler=sched)
+relay.track(model=model.module if args.track_inner else model, optimizer=opt, scheduler=sched)
 data = TensorDataset(torch.randn(1024, 16), torch.randn(1024, 4))
 
 for step, (x, y) in relay.steps(data, batch_size=8, max_steps=args.steps):
@@ -47,6 +54,10 @@ for step, (x, y) in relay.steps(data, batch_size=8, max_steps=args.steps):
     sched.step()
     opt.zero_grad()
 
+if relay.rank == 0 and args.fail_saving:
+    raise OSError("deliberate failure while saving the final model")
 if relay.rank == 0 and args.out:
     torch.save({k: v.cpu().clone() for k, v in net.state_dict().items()}, args.out)
-    print(f"final loss {loss.item():.6f}", flush=True)
+    # A spare that took its slot after the last commit ran no step here: it has no loss.
+    if "loss" in globals():
+        print(f"final loss {loss.item():.6f}", flush=True)

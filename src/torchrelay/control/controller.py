@@ -29,6 +29,23 @@ from torchrelay.control.planner import (
     plan_recovery,
 )
 from torchrelay.control.rejections import Rejections
+from torchrelay.control.verdicts import (
+    after_loop_reason,
+    describe_exit,
+    fails_before_first_step,
+    finish_verdict,
+    first_step_bug_reason,
+    last_traceback,
+    missing_spares,
+    never_joined,
+    no_spare_reason,
+    overdue_reason,
+    recovery_deadline,
+    spare_node,
+    step_in_flight,
+    survivor_gaps,
+    unjoined_failure,
+)
 from torchrelay.exits import SELF_FENCED
 from torchrelay.ledger import Ledger
 
@@ -76,6 +93,8 @@ class Member:
     error: dict[str, Any] | None = None
     # Highest step claimed per report channel (see control.claims); cleared on a receiver.
     claims: dict[str, int] = field(default_factory=dict)
+    returncode: int | None = None
+    last_commit_t: float | None = None  # wall time of its last commit, from its halted report
     outbox: Outbox = field(default_factory=Outbox)
 
 
@@ -137,6 +156,10 @@ class Controller:
         self._replans = 0
         self._recovery: Recovery | None = None
         self._recovery_thread: threading.Thread | None = None
+        # Every slot finished its last step; success waits for their processes to exit 0.
+        self._finishing = False
+        # Spare processes started on each node that have neither joined nor exited yet.
+        self._spares_launching: dict[str, int] = {local_node: config.spares}
 
     # ---------------------------------------------------------------- queries
     @property
@@ -208,7 +231,9 @@ class Controller:
                     "workers and spares were stopped",
                     "steps_committed": self.highest_committed + 1,
                 }
-                self.ledger.record("job_end", **self.outcome)
+                self.ledger.record(
+                    "job_end", **self.outcome, rejected_requests=self.rejections.counts()
+                )
                 self._cond.notify_all()
 
     # ---------------------------------------------------------------- reports
@@ -231,7 +256,9 @@ class Controller:
                 member.slot, member.generation, member.state = slot, 0, "active"
                 self.assignments[slot] = process
             self.members[process] = member
-            if self.finished:
+            if role == "spare":
+                self._spare_accounted(node)
+            if self.finished or self._finishing:
                 # A refill spare that comes up after the job ended must not wait forever.
                 member.outbox.put({"type": "finish"})
             self.ledger.record(
@@ -369,6 +396,8 @@ class Controller:
 
     def _on_halted(self, member: Member, body: dict[str, Any]) -> None:
         member.committed = int(body["committed"])
+        if body.get("last_commit_t") is not None:
+            member.last_commit_t = float(body["last_commit_t"])
         member.valid = bool(body.get("valid", True))
         member.state = "halted"
         recovery = self._recovery
@@ -404,7 +433,7 @@ class Controller:
         if self._failed or self._recovery is not None:
             return
         if all(m.state == "done" for m in self._slot_members()):
-            self._finish_success()
+            self._finish_training()
 
     def _on_error(self, member: Member, body: dict[str, Any]) -> None:
         member.error = {"step": body.get("step"), "traceback": str(body.get("traceback", ""))}
@@ -431,9 +460,10 @@ class Controller:
     def on_exit(self, process: str, returncode: int) -> None:
         """The agent saw ``process`` exit with ``returncode`` (negative: killed by a signal)."""
         with self._cond:
-            self._on_exit_locked(process, returncode, _describe_exit(returncode))
+            self._on_exit_locked(process, returncode, describe_exit(returncode))
 
     def _on_exit_locked(self, process: str, returncode: int, cause: str) -> None:
+        self._cond.notify_all()  # waiters re-check once the lock is released
         member = self.members.get(process)
         if member is None:
             self.ledger.record(
@@ -442,7 +472,7 @@ class Controller:
                 returncode=returncode,
                 note="exited before joining",
             )
-            if returncode != 0 and not self.finished:
+            if not (self.finished or self._finishing):
                 self._on_early_exit(process, returncode)
             return
         was = member.state
@@ -456,9 +486,11 @@ class Controller:
         )
         if was == "fenced":
             return  # its node was declared lost: its slot was handled then
-        member.state = "dead"
+        member.state, member.returncode = "dead", returncode
+        if self._finishing and not self.finished:
+            self._on_exit_after_training(member)
+            return
         if self.finished or (was == "done" and returncode == 0):
-            self._cond.notify_all()
             return
         if member.slot is None or self.assignments.get(member.slot) != process:
             self._on_spare_lost(member, cause)
@@ -467,12 +499,54 @@ class Controller:
         self._cond.notify_all()
 
     def _on_early_exit(self, process: str, returncode: int) -> None:
-        """A process died before it could even join: a broken script or environment."""
+        """A process died before it could even join: a broken script or environment (stop at
+        once, see :func:`never_joined`), or a spare killed from outside (start another)."""
+        output = self._output_tail(process)
+        failure = unjoined_failure(process, returncode, output)
+        if failure is not None:
+            now = time.time()
+            self.ledger.record("failure", **failure, generation=self.generation, t=now, onset=now)
+        reason = never_joined(process, returncode, output)
+        if reason is not None:
+            self._fail(reason, traceback=output or None)
+            return
+        self._spare_accounted(spare_node(process, self.local_node))
         self.spare_failures += 1
         if self.spare_failures > self.config.max_restarts:
             self._fail(
-                f"processes keep exiting before they join the job ({process} exited with "
-                f"{_describe_exit(returncode)}); see RUN_DIR/logs/{process}.log",
+                f"spares keep being killed before they join the job ({process}: "
+                f"{describe_exit(returncode)}); see RUN_DIR/logs/{process}.log",
+            )
+            return
+        self._start_spare()
+
+    def _output_tail(self, process: str) -> str:
+        """The last traceback (or lines) its agent logged for ``process``; the agent reports
+        an exit only after its output is written. Empty for a remote node's process whose log
+        is not on this machine."""
+        path = self.config.run_dir / "logs" / f"{process}.log"
+        try:
+            with path.open("rb") as log:
+                log.seek(max(0, path.stat().st_size - 65536))
+                return last_traceback(log.read().decode(errors="replace"))
+        except OSError:
+            return ""
+
+    def _on_exit_after_training(self, member: Member) -> None:
+        """Once every slot finished its last step, the job succeeds only when all their
+        processes exit with 0: a failure in the script's final work (saving) fails it."""
+        if member.slot is None or self.assignments.get(member.slot) != member.process:
+            return  # a spare leaving at the end
+        verdict, slot = finish_verdict({m.slot: m.returncode for m in self._slot_members()})
+        if verdict == "succeeded":
+            self._succeed()
+        elif verdict == "failed":
+            failed = self.members[self.assignments[slot]]  # type: ignore[index]
+            self._fail(
+                after_loop_reason(slot, failed.process, failed.returncode),  # type: ignore[arg-type]
+                traceback=(failed.error or {}).get("traceback")
+                or self._output_tail(failed.process)
+                or None,
             )
 
     def _on_spare_lost(self, member: Member, cause: str) -> None:
@@ -511,13 +585,23 @@ class Controller:
         }
         if member.error is not None:
             failure["traceback"] = member.error["traceback"]
+        step = step_in_flight(
+            max(member.committed, self.highest_committed), (member.error or {}).get("step")
+        )
+        failure["step"] = step
         self.ledger.record("failure", **failure)
+        if fails_before_first_step(kind, self.highest_committed):
+            self._fail(
+                first_step_bug_reason(member.slot, member.process, step, cause),
+                traceback=failure.get("traceback") or self._output_tail(member.process) or None,
+            )
+            return
         if kind in ("exception", "exit", "stall"):
             self.bug_restarts += 1
             if self.bug_restarts > self.config.max_restarts:
                 self._fail(
-                    f"rank {member.slot} failed {self.bug_restarts} times (last: {cause} after "
-                    f"step {member.committed}; max restarts {self.config.max_restarts}); "
+                    f"rank {member.slot} failed {self.bug_restarts} times (last: {cause} in "
+                    f"step {step}; max restarts {self.config.max_restarts}); "
                     "this looks like a bug in the script, not a hardware failure",
                     traceback=failure.get("traceback"),
                 )
@@ -579,7 +663,7 @@ class Controller:
                 self._on_exit_locked(
                     str(body["exited"]),
                     int(body["returncode"]),
-                    _describe_exit(int(body["returncode"])),
+                    describe_exit(int(body["returncode"])),
                 )
             elif kind == "chaos":
                 details = {k: v for k, v in body.items() if k not in ("node", "kind", "process")}
@@ -656,6 +740,7 @@ class Controller:
         if not entry.alive or self.finished:
             return
         entry.alive = False
+        self._spares_launching.pop(entry.name, None)  # its spares on the way are lost too
         lost = [
             m
             for m in self.members.values()
@@ -683,6 +768,10 @@ class Controller:
         elif self.nodes[node].alive:
             self.nodes[node].outbox.put({"type": "signal", "process": process, "signal": signum})
 
+    def _spare_accounted(self, node: str) -> None:
+        """A spare launched on ``node`` joined or exited: it is no longer on its way."""
+        self._spares_launching[node] = max(0, self._spares_launching.get(node, 0) - 1)
+
     def _start_spare(self) -> None:
         """Start a spare on the live node that runs the fewest processes (local on ties)."""
         live = [self.local_node] + [n for n, e in self.nodes.items() if e.alive]
@@ -695,6 +784,7 @@ class Controller:
             )
 
         node = min(live, key=lambda n: (load(n), n != self.local_node))
+        self._spares_launching[node] = self._spares_launching.get(node, 0) + 1
         if node == self.local_node:
             self.agent.start_spare()
         else:
@@ -714,8 +804,9 @@ class Controller:
                 now = time.time()
                 self._hang_timeout = self.hang_timeout()
                 self._check_nodes(now)
-                self._check_liveness(now)
-                self._check_stragglers()
+                if not self._finishing:  # past their loops, workers neither step nor beat
+                    self._check_liveness(now)
+                    self._check_stragglers()
 
     def hang_timeout(self) -> float:
         """Heartbeat silence that means a hang: a multiple of the job's median step time."""
@@ -868,11 +959,20 @@ class Controller:
                 return self.finished or self._failed.keys() != failures.keys()
 
             ok = self._cond.wait_for(
-                lambda: interrupted() or len(self._ready_spares()) >= len(failures),
+                lambda: (
+                    interrupted()
+                    or len(self._ready_spares()) >= len(failures)
+                    or self._no_spare_will_come(len(failures))
+                ),
                 timeout=self.config.spare_timeout,
             )
             if interrupted():
                 self._carried = recovery
+                return
+            if len(self._ready_spares()) < len(failures) and self._no_spare_will_come(
+                len(failures)
+            ):
+                self._abandon(failures, survivors, interrupted)
                 return
             if not ok:
                 self._fail(
@@ -903,6 +1003,36 @@ class Controller:
 
     def _ready_spares(self) -> list[Member]:
         return [m for m in self.members.values() if m.role == "spare" and m.state == "ready"]
+
+    def _no_spare_will_come(self, needed: int) -> bool:
+        free = [m for m in self.members.values() if m.role == "spare" and m.slot is None]
+        return missing_spares(
+            needed,
+            ready=sum(1 for m in free if m.state == "ready"),
+            starting=sum(1 for m in free if m.state == "starting"),
+            launching=sum(self._spares_launching.values()),
+        )
+
+    def _abandon(
+        self,
+        failures: dict[int, dict[str, Any]],
+        survivors: list[Member],
+        interrupted: Callable[[], bool],
+    ) -> None:
+        """No spare can replace the failed slots: stop now, naming the step in flight. The
+        survivors' halted reports (they were aborted, they stop within milliseconds) tell
+        the last step committed exactly; heartbeats alone lag behind."""
+        self._cond.wait_for(
+            lambda: interrupted() or all(m.state == "halted" for m in survivors),
+            timeout=self.config.halt_timeout,
+        )
+        if self.finished:
+            return
+        step = self.highest_committed + 1
+        causes = {slot: str(f["cause"]) for slot, f in failures.items()}
+        reason = no_spare_reason(causes, step, self.config.spares)
+        self.ledger.record("recovery_abandoned", slots=sorted(failures), step=step, reason=reason)
+        self._fail(reason)
 
     def _publish_plan(
         self, recovery: Recovery, failures: dict[int, dict[str, Any]], survivors: list[Member]
@@ -970,14 +1100,23 @@ class Controller:
             return
         members = set(plan.assignments)
         with self._cond:
-            self._cond.wait_for(
+            # Never a silent wait: a plan not carried out in time is abandoned and re-planned.
+            limit = recovery_deadline(self.config.halt_timeout, self._hang_timeout)
+            settled = self._cond.wait_for(
                 lambda: (
                     self.finished
                     or bool(self._failed)
                     or self._replan is not None
                     or members <= set(recovery.phases.get("first_step", {}))
-                )
+                ),
+                timeout=max(0.0, recovery.planned + limit - time.time()),
             )
+            if not settled:
+                phases = {phase: set(done) for phase, done in recovery.phases.items()}
+                self._replan = overdue_reason(plan.generation, limit, plan.assignments, phases)
+                self.ledger.record(
+                    "recovery_failed", generation=plan.generation, reason=self._replan
+                )
             if self.finished:
                 return
             if self._failed or self._replan is not None:
@@ -989,7 +1128,7 @@ class Controller:
             self._record_recovery(recovery, plan)
             self._recovery = None
             if all(m.state == "done" for m in self._slot_members()):
-                self._finish_success()
+                self._finish_training()
 
     def _record_recovery(self, recovery: Recovery, plan: RecoveryPlan) -> None:
         def latest(phase: str) -> float:
@@ -1015,6 +1154,15 @@ class Controller:
             timeline=timeline,
             recovery_seconds=timeline["first_step"] - timeline["detected"],
             stall_seconds=timeline["first_step"] - min(f["onset"] for f in recovery.failures),
+            # The stall as each survivor saw it, detection included (the above starts later).
+            survivor_gap_seconds=survivor_gaps(
+                {
+                    slot: self.members[process].last_commit_t
+                    for slot, process in plan.assignments.items()
+                    if slot not in plan.replaced
+                },
+                {slot: v["t"] for slot, v in recovery.phases.get("first_step", {}).items()},
+            ),
             bytes_transferred=received,
             lost_steps=plan.lost_steps,
             recomputed_steps=len({s for s in recovery.in_flight if s > plan.target_step}),
@@ -1023,11 +1171,19 @@ class Controller:
         )
 
     # ---------------------------------------------------------------- endings
-    def _finish_success(self) -> None:
-        self.outcome = {"status": "succeeded", "steps_committed": self.highest_committed + 1}
-        self.ledger.record("job_end", **self.outcome, rejected_requests=self.rejections.counts())
+    def _finish_training(self) -> None:
+        """Every slot committed its last step: let every process out of its loop. The job
+        succeeds once the slots' processes have all exited with 0 (their final work, such as
+        saving the model, is waited for; see :meth:`_on_exit_after_training`)."""
+        self._finishing = True
+        self.ledger.record("training_done", steps_committed=self.highest_committed + 1)
         for member in self.members.values():
             member.outbox.put({"type": "finish"})
+        self._cond.notify_all()
+
+    def _succeed(self) -> None:
+        self.outcome = {"status": "succeeded", "steps_committed": self.highest_committed + 1}
+        self.ledger.record("job_end", **self.outcome, rejected_requests=self.rejections.counts())
         for node in self.nodes.values():
             node.outbox.put({"type": "finish"})
         self._cond.notify_all()
@@ -1044,15 +1200,6 @@ class Controller:
             self.outcome["traceback"] = traceback
         self.ledger.record("job_end", **self.outcome, rejected_requests=self.rejections.counts())
         self._cond.notify_all()
-
-
-def _describe_exit(returncode: int) -> str:
-    if returncode < 0:
-        try:
-            return signal.Signals(-returncode).name
-        except ValueError:
-            return f"signal {-returncode}"
-    return f"exit code {returncode}"
 
 
 def _seconds(value: Any) -> float | None:

@@ -28,13 +28,19 @@ def summarize(run_dir: Path) -> dict[str, Any]:
     start = next((e for e in events if e["event"] == "job_start"), None)
     end = next((e for e in reversed(events) if e["event"] == "job_end"), None)
     recoveries = [e for e in events if e["event"] == "recovery_done"]
+    abandoned = [e for e in events if e["event"] == "recovery_abandoned"]
     failures = []
     for event in (e for e in events if e["event"] == "failure"):
         recovery = next(
             (r for r in recoveries if any(f["process"] == event["process"] for f in r["failures"])),
             None,
         )
-        failures.append(_failure_entry(event, recovery))
+        entry = _failure_entry(event, recovery)
+        # A recovery given up for want of spares names the step in flight exactly.
+        given_up = [a for a in abandoned if event["slot"] in a["slots"] and a["t"] >= event["t"]]
+        if recovery is None and given_up:
+            entry["step"] = given_up[0]["step"]
+        failures.append(entry)
     recovered = [f for f in failures if f["recovered"]]
     return {
         "run_dir": str(run_dir),
@@ -75,7 +81,7 @@ def _rejected(events: list[dict[str, Any]], end: dict[str, Any] | None) -> int:
 def _failure_entry(event: dict[str, Any], recovery: dict[str, Any] | None) -> dict[str, Any]:
     entry: dict[str, Any] = {
         "rank": event["slot"],
-        "step": event["last_reported_step"] + 1,
+        "step": event.get("step", event["last_reported_step"] + 1),
         "cause": event["cause"],
         "kind": event["kind"],
         "detected_by": event["detected_by"],
@@ -92,6 +98,7 @@ def _failure_entry(event: dict[str, Any], recovery: dict[str, Any] | None) -> di
             step=recovery["target_step"] + 1,
             recovery_seconds=recovery["recovery_seconds"],
             stall_seconds=recovery["stall_seconds"],
+            survivor_gap_seconds=recovery.get("survivor_gap_seconds", {}),
             lost_steps=recovery["lost_steps"],
             recomputed_steps=recovery["recomputed_steps"],
             bytes_transferred=recovery["bytes_transferred"],
@@ -120,6 +127,11 @@ def render_text(summary: dict[str, Any]) -> str:
             lines.append(head + " -- not recovered")
             continue
         phases = "  ".join(f"{k} {v * 1000:.0f} ms" for k, v in f["phases"].items())
+        gaps = f.get("survivor_gap_seconds") or {}
+        if gaps:  # what the survivors lived through: last commit before -> first commit after
+            phases += "\n      survivors stalled (last commit -> next commit): " + ", ".join(
+                f"rank {slot} {seconds * 1000:.0f} ms" for slot, seconds in gaps.items()
+            )
         lines.append(
             f"{head}\n      recovered in {f['recovery_seconds']:.2f} s "
             f"(stall {f['stall_seconds']:.2f} s), resumed at step {f['resumed_at_step']}, "

@@ -41,8 +41,11 @@ class ControlLink:
     _closing: threading.Event
     _current_step: int | None
     _busy: str | None
+    _last_commit_t: float | None
 
     def _report(self, kind: str, **body: Any) -> dict[str, Any]:
+        if kind == "halted":  # how long the survivors stall is measured from their last commit
+            body.setdefault("last_commit_t", self._last_commit_t)
         try:
             return self._client.report(kind, generation=self.generation, **body)
         except ControlError as exc:

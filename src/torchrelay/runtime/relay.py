@@ -25,6 +25,7 @@ import os
 import queue
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -44,6 +45,7 @@ from torchrelay.runtime.data import (
     step_loader,
     steps_per_epoch,
 )
+from torchrelay.runtime.ddp import fix_all_buckets, fix_buckets
 from torchrelay.runtime.devices import select_device
 from torchrelay.runtime.env import RelayEnv
 from torchrelay.runtime.facade import StableProcessGroup
@@ -85,6 +87,7 @@ class Relay(ControlLink, Recovery, ChaosInjection):
         self._current_step: int | None = None
         self._busy: str | None = None
         self._first_after_recovery = False
+        self._last_commit_t: float | None = None  # wall time, for the survivors' stall
         self._state_valid = self.rank is not None  # a spare holds no state worth sending
         self._retired: list[dist.ProcessGroup] = []
         self.timer = StepTimer()
@@ -124,7 +127,8 @@ class Relay(ControlLink, Recovery, ChaosInjection):
     ) -> None:
         """Register the state to carry to a replacement.
 
-        ``model`` may be a DDP module built with ``process_group=relay.process_group``;
+        ``model`` may be a DDP module built with ``process_group=relay.process_group`` or
+        its inner module (every DDP over that group is prepared for recovery either way);
         ``optimizer`` is guarded (its ``step`` is skipped in a dropped step); ``scheduler`` and
         ``objects`` are anything with ``state_dict()``/``load_state_dict()``. All of these are
         *replicated*: the same on every rank (checked at the first steps; a difference is
@@ -188,6 +192,7 @@ class Relay(ControlLink, Recovery, ChaosInjection):
         self.steps_per_epoch = self._epoch_length(dataset, batch_size)
         # The controller refuses any step claim beyond it (and a rank that disagrees).
         self._report("max_steps", max_steps=max_steps)
+        fix_all_buckets(self.process_group)  # DDPs built over our group but not tracked
         if self.is_spare:
             if start_step:
                 print(
@@ -242,6 +247,7 @@ class Relay(ControlLink, Recovery, ChaosInjection):
                 batches = None
                 continue
             self.committed = step
+            self._last_commit_t = time.time()
             if self.local is not None:
                 self.local.commit(not self.guard.poisoned)
             self.timer.commit()
@@ -282,12 +288,7 @@ class Relay(ControlLink, Recovery, ChaosInjection):
                 "build DDP with process_group=relay.process_group so it survives "
                 "communicator changes"
             )
-        # DDP re-orders its gradient buckets after the first backward and syncs the new order
-        # from rank 0. A replacement would do that at its first step while the survivors did it
-        # long ago: mismatched collectives. Fix the layout now, identically on every rank.
-        with self.process_group.local():
-            model.reducer._push_all_rebuilt_params()
-            model.reducer._rebuild_buckets()
+        fix_buckets(model, self.process_group)
 
 
 def init(seed: int = 0) -> Relay:

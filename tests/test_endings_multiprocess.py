@@ -1,0 +1,114 @@
+"""How jobs end, with real processes: a script that can never run stops at once with its
+traceback (before init, before its first commit, an unmodified torchrun script), a failure
+after the training loop fails the job, a kill with no spare stops at once naming the step in
+flight, and tracking the inner module of a DDP recovers bit for bit."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.jobs import assert_bitwise_equal, cli, run_job
+
+pytestmark = pytest.mark.slow
+STEPS = 10
+# Each job below stops within seconds; on the old code they hung (hence the timeout) or
+# waited out the 300 s spare timeout.
+TIMEOUT = 180
+
+
+def _end(job) -> dict:
+    return [e for e in job.ledger() if e["event"] == "job_end"][-1]
+
+
+def _seconds(job) -> float:
+    """From the first process exit to the end of the job."""
+    events = job.ledger()
+    first_exit = next(e["t"] for e in events if e["event"] == "process_exit")
+    return _end(job)["t"] - first_exit
+
+
+@pytest.mark.parametrize(
+    ("mode", "says"),
+    [
+        ("raise", "failed (exit code 1) before calling torchrelay.init()"),
+        ("exit", "exited with status 0 without ever calling torchrelay.init()"),
+    ],
+)
+def test_a_script_that_never_calls_init_stops_at_once(tmp_path, mode, says):
+    job = run_job(tmp_path, timeout=TIMEOUT, script_args=("--before-init", mode))
+    assert job.returncode == 1, job.output
+    end = _end(job)
+    assert end["status"] == "failed" and says in end["reason"], end
+    assert "\n" not in end["reason"] and "times" not in end["reason"]
+    if mode == "raise":
+        assert "RuntimeError: deliberate bug before torchrelay.init()" in end["traceback"]
+        assert "RuntimeError: deliberate bug before torchrelay.init()" in job.output
+    assert f"torchrelay: job failed: {end['reason']}" in job.output
+    assert _seconds(job) < 30
+
+
+def test_a_bug_before_the_first_commit_is_not_retried(tmp_path):
+    job = run_job(
+        tmp_path, timeout=TIMEOUT, spares=2, script_args=("--bug-rank", "1", "--bug-step", "0")
+    )
+    assert job.returncode == 1, job.output
+    end = _end(job)
+    assert end["reason"].startswith("rank 1 (worker1) failed in step 0 (exit code 1)")
+    assert "failed 4 times" not in end["reason"]
+    assert "ValueError: deliberate bug at step 0" in end["traceback"]
+    events = [e["event"] for e in job.ledger()]
+    assert events.count("failure") == 1 and "recovery_start" not in events
+
+
+def test_an_unmodified_torchrun_script_is_stopped_with_what_to_change(tmp_path):
+    job = run_job(tmp_path, timeout=TIMEOUT, script="torchrun_ddp.py", nproc=2)
+    assert job.returncode == 1, job.output
+    reason = _end(job)["reason"]
+    assert "unmodified torchrun script" in reason and "needs torchrelay.init()" in reason
+    assert "planned, not yet available" in reason and "\n" not in reason
+    failures = [e for e in job.ledger() if e["event"] == "failure"]
+    assert failures and failures[0]["detected_by"] == "process exit before joining the job"
+    assert _seconds(job) < 30
+
+
+def test_a_failure_after_the_training_loop_fails_the_job(tmp_path):
+    job = run_job(tmp_path, timeout=TIMEOUT, script_args=("--fail-saving",))
+    assert job.returncode == 1, job.output
+    end = _end(job)
+    assert end["status"] == "failed" and end["steps_committed"] == STEPS
+    assert "rank 0 (worker0) failed after its last step (exit code 1)" in end["reason"]
+    assert "OSError: deliberate failure while saving the final model" in end["traceback"]
+    assert "OSError: deliberate failure while saving" in job.output
+
+
+def test_a_kill_without_spares_stops_at_once_naming_the_step_in_flight(tmp_path):
+    job = run_job(tmp_path, timeout=TIMEOUT, spares=0, chaos=("kill:rank=1:step=3",))
+    assert job.returncode == 1, job.output
+    events = job.ledger()
+    end = _end(job)
+    assert end["reason"].startswith("rank(s) [1] lost in step 3 (rank 1: SIGKILL)"), end
+    assert "none will come" in end["reason"]
+    failure = next(e for e in events if e["event"] == "failure")
+    assert end["t"] - failure["t"] < 30.0  # not the 300 s spare timeout
+    (abandoned,) = (e for e in events if e["event"] == "recovery_abandoned")
+    assert abandoned["step"] == 3
+    assert [f["step"] for f in job.summary()["failures"]] == [3]
+
+
+def test_tracking_the_inner_module_of_a_ddp_recovers_bitwise(tmp_path, reference_weights):
+    job = run_job(
+        tmp_path, chaos=("kill:rank=1:step=4",), steps=STEPS, script_args=("--track-inner",)
+    )
+    assert job.returncode == 0, job.output
+    assert_bitwise_equal(job.weights(), reference_weights(STEPS))
+    (failure,) = job.summary()["failures"]
+    assert failure["recovered"] and failure["lost_steps"] == 0
+    # The survivors' own stall, detection included: from their last commit before the kill
+    # (before every member halted) to their first after it (after every transfer finished).
+    (done,) = (e for e in job.ledger() if e["event"] == "recovery_done")
+    gaps = done["survivor_gap_seconds"]
+    assert sorted(gaps) == ["0", "2"]
+    timeline = done["timeline"]
+    assert all(gap >= timeline["transfer_done"] - timeline["halted"] for gap in gaps.values())
+    report = cli("report", str(tmp_path)).stdout
+    assert "survivors stalled (last commit -> next commit): rank 0" in report
