@@ -56,11 +56,16 @@ def events(controller: Controller, name: str) -> list[dict]:
     return [e for e in read_ledger(controller.ledger.path) if e["event"] == name]
 
 
+MAX_STEPS = 5  # every job here runs steps 0..4 (``done`` at 4)
+
+
 def start(controller: Controller, steps: int = -1, spare: bool = True) -> None:
     """Two workers (and a ready spare) that committed up to ``steps``."""
     for slot in (0, 1):
         controller.join(f"worker{slot}", "worker", 100 + slot, "node0", slot)
         if steps >= 0:
+            declared = {"generation": 0, "max_steps": max(MAX_STEPS, steps + 2)}
+            controller.report(f"worker{slot}", "max_steps", declared)
             controller.report(f"worker{slot}", "progress", {"generation": 0, "step": steps})
     if spare:
         controller.join("spare0", "spare", 200, "node0", None)
@@ -146,10 +151,10 @@ def test_a_failure_after_the_training_loop_fails_the_job(make):
 # ------------------------------------------------------------------ item 6: no spare
 def test_no_spare_on_its_way_stops_at_once_naming_the_step_in_flight(make):
     controller = make(spares=0, spare_timeout=300)
-    start(controller, steps=12, spare=False)
+    start(controller, steps=39, spare=False)
     controller.on_exit("worker1", -9)
     # The survivor was aborted; its halted report tells the exact last commit.
-    until(lambda: "abort" in [m["type"] for m in list(controller.members["worker0"].outbox.queue)])
+    until(lambda: "abort" in [m["type"] for m in controller.members["worker0"].outbox.pending()])
     controller.report("worker0", "halted", {"generation": 0, "committed": 39, "in_flight": 40})
     outcome = controller.wait_finished(timeout=30)
     assert outcome is not None and outcome["status"] == "failed"
@@ -185,8 +190,8 @@ def test_a_recovery_past_its_deadline_is_replanned_then_stops_with_the_reason(ma
     assert overdue["reason"].startswith("the recovery into generation 1 did not finish within 2 s")
     assert "rank 1 (spare0) never reported comm_ready" in overdue["reason"]
     for process in ("worker0", "spare0"):
-        outbox = controller.members[process].outbox.queue
-        until(lambda: {"type": "abort", "generation": 1} in list(outbox))  # noqa: B023
+        outbox = controller.members[process].outbox
+        until(lambda: {"type": "abort", "generation": 1} in outbox.pending())  # noqa: B023
         controller.report(process, "halted", {"generation": 1, "committed": 7, "in_flight": None})
     until(lambda: controller.generation == 2)
     # ... and when that one overruns too, the job stops with the reason: no silent wait.

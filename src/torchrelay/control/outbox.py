@@ -57,6 +57,11 @@ class Outbox:
     def get_nowait(self) -> dict[str, Any]:
         return self.get(timeout=0)
 
+    def pending(self) -> list[dict[str, Any]]:
+        """A copy of the messages not consumed yet, oldest first (nothing is taken out)."""
+        with self._ready:
+            return list(self._items)
+
     def empty(self) -> bool:
         with self._ready:
             return not self._items
