@@ -137,6 +137,7 @@ def start_node(
     steps: int,
     spares: int,
     launcher_args: tuple[str, ...] = (),
+    script_args: tuple[str, ...] = (),
     env: dict[str, str] | None = None,
     wrapper: tuple[str, ...] = (),
 ) -> subprocess.Popen[str]:
@@ -159,6 +160,7 @@ def start_node(
             endpoint,
             *launcher_args,
         ),
+        script_args=script_args,
     )
     return subprocess.Popen(
         [*wrapper, *command],

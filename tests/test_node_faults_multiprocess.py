@@ -35,8 +35,9 @@ from tests.jobs import (
 )
 
 pytestmark = pytest.mark.slow
-STEPS = 300
-# rank 0 computes 50 ms longer per step, so the drill lands mid-run
+STEPS = 60
+# rank 0 computes 50 ms longer per step, so the drill usually lands mid-run; but however slow
+# the machine, every rank waits in the last step until the drill's recovery is over
 PACE = ("--chaos", "slow:rank=0:step=0:seconds=0.05")
 
 
@@ -61,8 +62,9 @@ def drill_node1(
     """Start both nodes, run ``torchrelay chaos --run-dir NODE0 DRILL...`` mid-run, and wait
     for both nodes to end."""
     endpoint, token = f"{host}:{free_port_pair(host)}", secrets.token_hex(16)
-    run0, run1 = run_dir / "node0", run_dir / "node1"
-    common = {"token": token, "steps": STEPS}
+    run0, run1, release = run_dir / "node0", run_dir / "node1", run_dir / "release"
+    hold = ("--hold-step", str(STEPS - 1), "--hold-file", str(release))
+    common = {"token": token, "steps": STEPS, "script_args": hold}
     node0 = start_node(
         0, endpoint, run0, spares=2, launcher_args=launcher_args + PACE, env=node_env[0], **common
     )
@@ -80,6 +82,9 @@ def drill_node1(
         await_status(run0, lambda s: s["steps_committed"] >= 30 and len(s["spares"]) == 2)
         done = cli("chaos", "--run-dir", str(run0), *drill)
         assert done.returncode == 0, done.stderr
+        await_status(run0, lambda s: s["generation"] >= 1 and not s["recovering"])
+        assert node0.poll() is None  # held: the drill hit a running job
+        release.touch()
         node1_output, _ = node1.communicate(timeout=60)
         output, _ = node0.communicate(timeout=300)
     finally:

@@ -10,18 +10,20 @@ import pytest
 from tests.jobs import JobResult, assert_bitwise_equal, await_status, cli, job_command
 
 pytestmark = pytest.mark.slow
-STEPS = 400
+STEPS = 60
 
 
 def test_operator_kill_and_hang_are_cured(tmp_path, reference_weights):
-    run_dir = tmp_path / "run"
+    run_dir, release = tmp_path / "run", tmp_path / "release"
     launcher = subprocess.Popen(
         job_command(
             run_dir,
             steps=STEPS,
-            # pace the job (rank 0 computes 50 ms longer per step) so the operator can act
+            # rank 0 computes 50 ms longer per step, so the drills usually land mid-run; but
+            # however slow the machine, the job waits in its last step until the test is done
             chaos=("slow:rank=0:step=0:seconds=0.05",),
             launcher_args=("--hang-floor", "2"),
+            script_args=("--hold-step", str(STEPS - 1), "--hold-file", str(release)),
         ),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -51,6 +53,8 @@ def test_operator_kill_and_hang_are_cured(tmp_path, reference_weights):
             run_dir,
             lambda s: len(s["spares"]) == 1 and s["spares"][0]["process"] not in spare.stdout,
         )
+        assert launcher.poll() is None  # held: every drill hit a running job
+        release.touch()
         output, _ = launcher.communicate(timeout=300)
     finally:
         launcher.kill()

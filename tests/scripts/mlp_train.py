@@ -2,6 +2,7 @@
 
 import argparse
 import contextlib
+import os
 import time
 
 import torch
@@ -21,6 +22,10 @@ parser.add_argument("--eval-rank", type=int, default=-1, help="a long evaluation
 parser.add_argument("--eval-step", type=int, default=-1)
 parser.add_argument("--eval-seconds", type=float, default=0.0)
 parser.add_argument("--eval-declared", type=int, default=1, help="inside relay.busy(...)")
+parser.add_argument(
+    "--hold-step", type=int, default=-1, help="every rank waits in this step for --hold-file"
+)
+parser.add_argument("--hold-file", default=None, help="created by the test to let the job end")
 args = parser.parse_args()
 
 relay = torchrelay.init(seed=7)
@@ -41,6 +46,13 @@ for step, (x, y) in relay.steps(data, batch_size=8, max_steps=args.steps):
         # stands in for a long evaluation on one rank, declared or (a stall, every time) not
         with relay.busy("evaluation") if args.eval_declared else contextlib.nullcontext():
             time.sleep(args.eval_seconds)
+    if step == args.hold_step:
+        # Tests pace the job by events: it cannot end before the test has done its drills.
+        # An aborted generation (a drill's recovery) lets the rank out to recover; the step
+        # is then dropped and comes back here after the recovery.
+        with relay.busy("held by the test"):
+            while not os.path.exists(args.hold_file) and not relay.guard.aborted:
+                time.sleep(0.02)
     loss = F.mse_loss(model(x.to(relay.device)), y.to(relay.device))
     loss.backward()
     opt.step()

@@ -7,15 +7,15 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from rich.console import Console
-from rich.table import Table
-
-from torchrelay.agent.launcher import launch
 from torchrelay.chaos import parse_schedule
 from torchrelay.config import JobConfig
 from torchrelay.report.summary import render_text, summarize
+
+if TYPE_CHECKING:
+    import torch
+    from rich.table import Table
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "train_gpt.py"
 
@@ -64,6 +64,12 @@ def _job(args: argparse.Namespace, run_dir: Path, chaos: list[str], stream: bool
 
 
 def run(args: argparse.Namespace) -> int:
+    # torch and rich load here, not when the parser is built (`torchrelay --help`).
+    import torch
+    from rich.console import Console
+
+    from torchrelay.agent.launcher import launch
+
     console = Console()
     if not args.script.is_file():
         raise SystemExit(
@@ -106,6 +112,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _compare(ours: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> tuple[bool, Table]:
     """Per-tensor bitwise comparison; the table lists the largest tensors and every mismatch."""
+    import torch
+    from rich.table import Table
+
     equal = {k: k in ours and torch.equal(ours[k], ref[k]) for k in ref}
     identical = ours.keys() == ref.keys() and all(equal.values())
     table = Table(

@@ -6,8 +6,6 @@ import argparse
 import time
 from pathlib import Path
 
-from torchrelay.agent.launcher import control_port, job_token, launch
-from torchrelay.agent.remote import RemoteNode
 from torchrelay.chaos import ChaosSpecError, parse_schedule
 from torchrelay.config import JobConfig
 from torchrelay.report.summary import render_text, summarize
@@ -147,6 +145,11 @@ def config_from_args(args: argparse.Namespace) -> JobConfig:
 
 
 def run(args: argparse.Namespace) -> int:
+    # torch loads here, not when the parser is built: `torchrelay --help` and the operator
+    # commands never pay for it.
+    from torchrelay.agent.launcher import control_port, job_token, launch
+    from torchrelay.agent.remote import RemoteNode
+
     config = config_from_args(args)
     if not Path(config.script).is_file():
         raise SystemExit(f"torchrelay run: script {config.script!r} not found")
