@@ -2,8 +2,8 @@
 
 import argparse
 import contextlib
-import os
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -23,10 +23,18 @@ parser.add_argument("--eval-step", type=int, default=-1)
 parser.add_argument("--eval-seconds", type=float, default=0.0)
 parser.add_argument("--eval-declared", type=int, default=1, help="inside relay.busy(...)")
 parser.add_argument(
-    "--hold-step", type=int, default=-1, help="every rank waits in this step for --hold-file"
+    "--leash", type=Path, default=None, help="a file with the first step that must wait (tests)"
 )
-parser.add_argument("--hold-file", default=None, help="created by the test to let the job end")
 args = parser.parse_args()
+
+
+def held(step: int) -> bool:
+    """The test's leash: step ``step`` waits until the number in ``--leash`` exceeds it."""
+    try:
+        return step >= int(args.leash.read_text())
+    except (OSError, ValueError):  # not written yet
+        return True
+
 
 relay = torchrelay.init(seed=7)
 net = torch.nn.Sequential(
@@ -46,12 +54,12 @@ for step, (x, y) in relay.steps(data, batch_size=8, max_steps=args.steps):
         # stands in for a long evaluation on one rank, declared or (a stall, every time) not
         with relay.busy("evaluation") if args.eval_declared else contextlib.nullcontext():
             time.sleep(args.eval_seconds)
-    if step == args.hold_step:
-        # Tests pace the job by events: it cannot end before the test has done its drills.
-        # An aborted generation (a drill's recovery) lets the rank out to recover; the step
-        # is then dropped and comes back here after the recovery.
+    if args.leash and held(step):
+        # Tests pace the job by their own events, never by its speed: a drill lands while the
+        # job waits here, and the job goes on when the test moves the leash. A drill's recovery
+        # (an aborted generation) lets the rank out: the step is dropped and redone after it.
         with relay.busy("held by the test"):
-            while not os.path.exists(args.hold_file) and not relay.guard.aborted:
+            while held(step) and not relay.guard.aborted:
                 time.sleep(0.02)
     loss = F.mse_loss(model(x.to(relay.device)), y.to(relay.device))
     loss.backward()
