@@ -176,7 +176,7 @@ def test_run_refuses_bad_arguments_before_starting_anything(tmp_path, case):
 
 SIMULATE_CASES = {
     "seed-negative": (["--seed", "-1"], "seed: must be an integer >= 0"),
-    "gpus-absurd": (["--gpus", "10000000000000"], "gpus: must be an integer in [1, 1,000,000]"),
+    "gpus-absurd": (["--gpus", "10000000000000"], "gpus: must be an integer >= 1 and <= 1,000,000"),
     "gpus-float": (["--gpus", "1e13"], "invalid int value"),
     "replications-absurd": (["--replications", "100000000"], "replications: must be"),
     "run-days-absurd": (["--run-days", "1e300"], "run_days: must be"),

@@ -135,12 +135,6 @@ def config_from_args(args: argparse.Namespace) -> JobConfig:
     except ChaosSpecError as exc:
         raise SystemExit(f"torchrelay run: {exc}") from None
     run_dir = args.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S")
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise SystemExit(
-            f"torchrelay run: cannot create the run directory {run_dir}: {exc.strerror}"
-        ) from None
     return JobConfig(
         script=args.script,
         script_args=script_args,
@@ -178,10 +172,17 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     if not Path(config.script).is_file():
         raise SystemExit(f"torchrelay run: script {config.script!r} not found")
+    try:
+        config.run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SystemExit(
+            f"torchrelay run: cannot create the run directory {config.run_dir}: {exc.strerror}"
+        ) from None
     # torch loads here, once the arguments are known to be good: `torchrelay --help`, the
     # operator commands and a mistyped flag never pay for it.
     from torchrelay.agent.launcher import control_port, job_token, launch
     from torchrelay.agent.remote import RemoteNode
+
     if config.node_rank > 0:
         control = f"{config.master_addr}:{control_port(config)}"
         return RemoteNode(config, control, job_token(config)).run()

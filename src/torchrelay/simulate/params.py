@@ -58,7 +58,9 @@ class Cluster:
     price_per_gpu_h: float = 3.0
 
     def __post_init__(self) -> None:
-        _check(1 <= self.gpus <= MAX_GPUS, "gpus", f"an integer in [1, {MAX_GPUS:,}]", self.gpus)
+        _check(
+            1 <= self.gpus <= MAX_GPUS, "gpus", f"an integer >= 1 and <= {MAX_GPUS:,}", self.gpus
+        )
         _non_negative("price_per_gpu_h", self.price_per_gpu_h)
 
 
