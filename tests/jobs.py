@@ -102,6 +102,14 @@ def assert_bitwise_equal(ours: dict[str, torch.Tensor], ref: dict[str, torch.Ten
     assert not different, f"tensors differ from the failure-free run: {different}"
 
 
+def move_leash(leash: Path, step: int) -> None:
+    """Let a job started with ``--leash LEASH`` run until it reaches ``step`` (see
+    tests/scripts/mlp_train.py); written atomically, so the job never reads half a number."""
+    part = leash.with_suffix(".part")
+    part.write_text(str(step))
+    part.replace(leash)
+
+
 def await_status(run_dir, predicate: Callable[[dict], bool], timeout: float = 120) -> dict:
     """Poll the job's controller (another process) until ``predicate`` holds."""
     deadline = time.monotonic() + timeout
@@ -137,6 +145,7 @@ def start_node(
     steps: int,
     spares: int,
     launcher_args: tuple[str, ...] = (),
+    script_args: tuple[str, ...] = (),
     env: dict[str, str] | None = None,
     wrapper: tuple[str, ...] = (),
 ) -> subprocess.Popen[str]:
@@ -159,6 +168,7 @@ def start_node(
             endpoint,
             *launcher_args,
         ),
+        script_args=script_args,
     )
     return subprocess.Popen(
         [*wrapper, *command],

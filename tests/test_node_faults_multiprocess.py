@@ -30,14 +30,14 @@ from tests.jobs import (
     await_status,
     cli,
     free_port_pair,
+    move_leash,
     run_job,
     start_node,
 )
 
 pytestmark = pytest.mark.slow
-STEPS = 300
-# rank 0 computes 50 ms longer per step, so the drill lands mid-run
-PACE = ("--chaos", "slow:rank=0:step=0:seconds=0.05")
+STEPS = 60
+DRILL_STEP = 30  # the job waits in this step (on a leash) until the drill has gone out
 
 
 @dataclass
@@ -61,10 +61,11 @@ def drill_node1(
     """Start both nodes, run ``torchrelay chaos --run-dir NODE0 DRILL...`` mid-run, and wait
     for both nodes to end."""
     endpoint, token = f"{host}:{free_port_pair(host)}", secrets.token_hex(16)
-    run0, run1 = run_dir / "node0", run_dir / "node1"
-    common = {"token": token, "steps": STEPS}
+    run0, run1, leash = run_dir / "node0", run_dir / "node1", run_dir / "leash"
+    move_leash(leash, DRILL_STEP)
+    common = {"token": token, "steps": STEPS, "script_args": ("--leash", str(leash))}
     node0 = start_node(
-        0, endpoint, run0, spares=2, launcher_args=launcher_args + PACE, env=node_env[0], **common
+        0, endpoint, run0, spares=2, launcher_args=launcher_args, env=node_env[0], **common
     )
     node1 = start_node(
         1,
@@ -77,9 +78,11 @@ def drill_node1(
         **common,
     )
     try:
-        await_status(run0, lambda s: s["steps_committed"] >= 30 and len(s["spares"]) == 2)
+        held = lambda s: s["steps_committed"] >= DRILL_STEP - 1 and len(s["spares"]) == 2  # noqa: E731
+        await_status(run0, held)
         done = cli("chaos", "--run-dir", str(run0), *drill)
         assert done.returncode == 0, done.stderr
+        move_leash(leash, STEPS)
         node1_output, _ = node1.communicate(timeout=60)
         output, _ = node0.communicate(timeout=300)
     finally:

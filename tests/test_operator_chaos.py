@@ -7,50 +7,61 @@ import subprocess
 
 import pytest
 
-from tests.jobs import JobResult, assert_bitwise_equal, await_status, cli, job_command
+from tests.jobs import (
+    JobResult,
+    assert_bitwise_equal,
+    await_status,
+    cli,
+    job_command,
+    move_leash,
+)
 
 pytestmark = pytest.mark.slow
-STEPS = 400
+STEPS = 60
+
+
+def recovered(generation: int):
+    """Status predicate: recovered into ``generation``, and the spare pool refilled."""
+    return lambda s: s["generation"] >= generation and not s["recovering"] and len(s["spares"]) == 1
 
 
 def test_operator_kill_and_hang_are_cured(tmp_path, reference_weights):
-    run_dir = tmp_path / "run"
+    # The job runs on a leash the test moves after each drill, so every drill lands on a
+    # running job however slow the machine is (a fixed job length raced the test before).
+    run_dir, leash = tmp_path / "run", tmp_path / "leash"
+    move_leash(leash, 20)
     launcher = subprocess.Popen(
         job_command(
             run_dir,
             steps=STEPS,
-            # pace the job (rank 0 computes 50 ms longer per step) so the operator can act
-            chaos=("slow:rank=0:step=0:seconds=0.05",),
             launcher_args=("--hang-floor", "2"),
+            script_args=("--leash", str(leash)),
         ),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
     )
     try:
-        ready = lambda s: s["steps_committed"] >= 20 and len(s["spares"]) == 1  # noqa: E731
-        await_status(run_dir, ready)
+        await_status(run_dir, lambda s: s["steps_committed"] >= 19 and len(s["spares"]) == 1)
         shown = cli("status", str(run_dir))
         assert shown.returncode == 0 and "worker1" in shown.stdout
 
         killed = cli("chaos", "--run-dir", str(run_dir), "kill", "--rank", "1")
         assert "sent SIGKILL to worker1" in killed.stdout
-        await_status(
-            run_dir,
-            lambda s: s["generation"] >= 1 and not s["recovering"] and len(s["spares"]) == 1,
-        )
+        move_leash(leash, 30)  # a recovery is done once a step is committed after it
+        await_status(run_dir, recovered(1))
         hung = cli("chaos", "--run-dir", str(run_dir), "hang", "--rank", "2")
         assert "sent SIGSTOP to worker2" in hung.stdout
-        await_status(
-            run_dir,
-            lambda s: s["generation"] >= 2 and not s["recovering"] and len(s["spares"]) == 1,
-        )
+        move_leash(leash, 40)
+        await_status(run_dir, recovered(2))
         spare = cli("chaos", "--run-dir", str(run_dir), "kill-spare")
         assert "sent SIGKILL to spare" in spare.stdout
         await_status(
             run_dir,
             lambda s: len(s["spares"]) == 1 and s["spares"][0]["process"] not in spare.stdout,
         )
+        assert launcher.poll() is None  # every drill hit a running job
+        move_leash(leash, STEPS)
         output, _ = launcher.communicate(timeout=300)
     finally:
         launcher.kill()

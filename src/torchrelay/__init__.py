@@ -9,7 +9,23 @@ Model-aware API::
         ...
 """
 
-from torchrelay.runtime.relay import Relay, init
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torchrelay.runtime.relay import Relay, init
 
 __all__ = ["Relay", "init"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    # Imported on first use, so that the operator commands (``torchrelay status``, ``chaos``,
+    # ``report``, ``simulate``), which import this package but never train, do not pay the
+    # seconds that importing torch takes.
+    if name in __all__:
+        from torchrelay.runtime import relay
+
+        return getattr(relay, name)
+    raise AttributeError(f"module 'torchrelay' has no attribute {name!r}")

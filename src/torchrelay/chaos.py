@@ -32,6 +32,7 @@ a fired event.
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import asdict, dataclass
 
@@ -110,6 +111,8 @@ def parse_chaos(spec: str, event_id: int) -> ChaosEvent:
         raise ChaosSpecError(f"chaos spec {spec!r}: {target} and step must be >= 0")
     if action == "drop" and phase != "forward":
         raise ChaosSpecError(f"chaos spec {spec!r}: drop takes no phase (it starts at the step)")
+    if not math.isfinite(seconds):
+        raise ChaosSpecError(f"chaos spec {spec!r}: seconds must be a finite number")
     if (action in ("slow", "partition")) != (seconds > 0):
         raise ChaosSpecError(
             f"chaos spec {spec!r}: seconds=X (> 0) goes with slow and partition, only"

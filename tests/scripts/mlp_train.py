@@ -3,6 +3,7 @@
 import argparse
 import contextlib
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -24,12 +25,25 @@ parser.add_argument("--eval-declared", type=int, default=1, help="inside relay.b
 parser.add_argument("--before-init", choices=["raise", "exit"], help="fail before init()")
 parser.add_argument("--track-inner", action="store_true", help="track(model=ddp.module)")
 parser.add_argument("--fail-saving", action="store_true", help="rank 0 raises after the loop")
+parser.add_argument(
+    "--leash", type=Path, default=None, help="a file with the first step that must wait (tests)"
+)
 args = parser.parse_args()
 
 if args.before_init == "raise":
     raise RuntimeError("deliberate bug before torchrelay.init()")
 if args.before_init == "exit":
     raise SystemExit(0)
+
+
+def held(step: int) -> bool:
+    """The test's leash: step ``step`` waits until the number in ``--leash`` exceeds it."""
+    try:
+        return step >= int(args.leash.read_text())
+    except (OSError, ValueError):  # not written yet
+        return True
+
+
 relay = torchrelay.init(seed=7)
 net = torch.nn.Sequential(
     torch.nn.Linear(16, 64), torch.nn.GELU(), torch.nn.Dropout(0.1), torch.nn.Linear(64, 4)
@@ -48,6 +62,13 @@ for step, (x, y) in relay.steps(data, batch_size=8, max_steps=args.steps):
         # stands in for a long evaluation on one rank, declared or (a stall, every time) not
         with relay.busy("evaluation") if args.eval_declared else contextlib.nullcontext():
             time.sleep(args.eval_seconds)
+    if args.leash and held(step):
+        # Tests pace the job by their own events, never by its speed: a drill lands while the
+        # job waits here, and the job goes on when the test moves the leash. A drill's recovery
+        # (an aborted generation) lets the rank out: the step is dropped and redone after it.
+        with relay.busy("held by the test"):
+            while held(step) and not relay.guard.aborted:
+                time.sleep(0.02)
     loss = F.mse_loss(model(x.to(relay.device)), y.to(relay.device))
     loss.backward()
     opt.step()

@@ -7,25 +7,25 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from rich.console import Console
-from rich.table import Table
-
-from torchrelay.agent.launcher import launch
 from torchrelay.chaos import parse_schedule
 from torchrelay.config import JobConfig
+from torchrelay.examples import GPT_SCRIPT
 from torchrelay.report.summary import render_text, summarize
 
-EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "train_gpt.py"
+if TYPE_CHECKING:
+    import torch
+    from rich.table import Table
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "demo",
         help="kill workers of a real training job and prove nothing was lost",
-        description="Runs examples/train_gpt.py on CPU with hot spares, SIGKILLs workers "
-        "mid-step, runs the same job without failures, and compares the final weights.",
+        description="Runs the example GPT (torchrelay/examples/train_gpt.py) on CPU with hot "
+        "spares, SIGKILLs workers mid-step, runs the same job without failures, and compares "
+        "the final weights.",
     )
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--spares", type=int, default=1)
@@ -39,7 +39,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "rank 0 in its forward pass at 70%%)",
     )
     p.add_argument("--run-dir", type=Path, default=None)
-    p.add_argument("--script", type=Path, default=EXAMPLE, help=argparse.SUPPRESS)
+    p.add_argument("--script", type=Path, default=GPT_SCRIPT, help=argparse.SUPPRESS)
     p.set_defaults(func=run)
 
 
@@ -64,12 +64,15 @@ def _job(args: argparse.Namespace, run_dir: Path, chaos: list[str], stream: bool
 
 
 def run(args: argparse.Namespace) -> int:
+    # torch and rich load here, not when the parser is built (`torchrelay --help`).
+    import torch
+    from rich.console import Console
+
+    from torchrelay.agent.launcher import launch
+
     console = Console()
     if not args.script.is_file():
-        raise SystemExit(
-            f"torchrelay demo: example script not found at {args.script}; run the "
-            "demo from a checkout of the torchrelay repository"
-        )
+        raise SystemExit(f"torchrelay demo: example script not found at {args.script}")
     chaos = args.chaos or [
         f"kill:rank={min(2, args.workers - 1)}:step={int(args.steps * 0.4)}:phase=backward",
         f"kill:rank=0:step={int(args.steps * 0.7)}",
@@ -106,6 +109,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _compare(ours: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> tuple[bool, Table]:
     """Per-tensor bitwise comparison; the table lists the largest tensors and every mismatch."""
+    import torch
+    from rich.table import Table
+
     equal = {k: k in ours and torch.equal(ours[k], ref[k]) for k in ref}
     identical = ours.keys() == ref.keys() and all(equal.values())
     table = Table(

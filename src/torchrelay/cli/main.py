@@ -1,15 +1,33 @@
-"""Entry point of the ``torchrelay`` command."""
+"""Entry point of the ``torchrelay`` command.
+
+Only the standard library and light modules load here: each subcommand's handler imports what
+it needs (torch for ``run`` and ``demo``, grpc for ``status`` and ``chaos``), so ``--help``
+and the operator commands answer at once.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
+from typing import NoReturn
 
 from torchrelay.cli import demo, operator, report, run
 from torchrelay.simulate import cli as simulate
 
+EXIT_BROKEN_PIPE = 141
+"""What a shell reports for a tool killed by SIGPIPE (128 + 13), e.g. ``report | head -1``."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Bad arguments get one line (what is wrong and where to look), not the usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="torchrelay",
         description="Distributed PyTorch training that survives failures without rollback.",
     )
@@ -24,7 +42,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except BrokenPipeError:
+        # The reader went away (`torchrelay report RUN | head -1`): stop quietly, as Unix
+        # tools do. Point stdout at /dev/null so the interpreter's final flush cannot fail too.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

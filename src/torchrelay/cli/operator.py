@@ -9,12 +9,10 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.table import Table
-
-from torchrelay.control.client import ControlClient, ControlError
+if TYPE_CHECKING:
+    from torchrelay.control.client import ControlClient
 
 
 def connect(run_dir: Path) -> ControlClient:
@@ -26,11 +24,16 @@ def connect(run_dir: Path) -> ControlClient:
             f"torchrelay: no running job in {run_dir} (no endpoint/token files); "
             "is the launcher running with this --run-dir?"
         ) from None
+    # grpc loads here, on the way to the job, not when the parser is built.
+    from torchrelay.control.client import ControlClient
+
     return ControlClient(address, token, process="operator")
 
 
 def job_status(run_dir: Path) -> dict[str, Any]:
     client = connect(run_dir)
+    from torchrelay.control.client import ControlError  # loaded by connect()
+
     try:
         return client.status(timeout=5.0)
     except ControlError as exc:
@@ -90,6 +93,9 @@ def run_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(status, indent=2))
         return 0
+    from rich.console import Console
+    from rich.table import Table
+
     table = Table(
         title=f"generation {status['generation']}: {status['steps_committed']} steps "
         f"committed, hang timeout {status['hang_timeout']:.1f} s"
@@ -133,6 +139,8 @@ def run_chaos(args: argparse.Namespace) -> int:
         if rank is not None:
             print(f"rank {rank} runs on {target}")
     client = connect(args.run_dir)
+    from torchrelay.control.client import ControlError  # loaded by connect()
+
     try:
         done = client.chaos(fault, target, getattr(args, "seconds", 0.0))
     except ControlError as exc:

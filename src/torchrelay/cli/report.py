@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+from torchrelay.ledger import LedgerError
 from torchrelay.report.summary import render_text, summarize
 
 
@@ -17,9 +18,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Print the report; a missing, unreadable or malformed ledger is one line and exit 1."""
     try:
         summary = summarize(args.run_dir)
-    except FileNotFoundError as exc:
+        text = json.dumps(summary, indent=2) if args.json else render_text(summary)
+    except (FileNotFoundError, LedgerError) as exc:
         raise SystemExit(f"torchrelay report: {exc}") from None
-    print(json.dumps(summary, indent=2) if args.json else render_text(summary))
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        # Lines that parse as events but lack the fields a torchrelay ledger writes.
+        raise SystemExit(
+            f"torchrelay report: {args.run_dir / 'ledger.jsonl'} has a malformed event "
+            f"({type(exc).__name__}: {exc}); is it a torchrelay ledger?"
+        ) from None
+    print(text)
     return 0

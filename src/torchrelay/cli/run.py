@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from pathlib import Path
 
-from torchrelay.agent.launcher import control_port, job_token, launch
-from torchrelay.agent.remote import RemoteNode
-from torchrelay.agent.signals import exit_status
 from torchrelay.chaos import ChaosSpecError, parse_schedule
 from torchrelay.config import JobConfig
 from torchrelay.report.summary import render_text, summarize
+
+MAX_PROCESSES = 256
+"""Upper bound on ``--nproc-per-node`` and on ``--spares``: each is a Python process holding a
+communicator, a heartbeat stream and (on a GPU node) a device. The largest nodes have 8 to 16
+accelerators; 256 leaves room for CPU-only jobs, and stops a typo (``--spares 10000``) from
+flooding the host with processes."""
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -101,8 +105,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def config_from_args(args: argparse.Namespace) -> JobConfig:
     if not 0 <= args.node_rank < args.nnodes:
         raise SystemExit("torchrelay run: --node-rank must be in [0, --nnodes)")
-    if args.nproc_per_node < 1 or args.spares < 0:
-        raise SystemExit("torchrelay run: --nproc-per-node must be >= 1 and --spares >= 0")
+    if not 1 <= args.nproc_per_node <= MAX_PROCESSES or not 0 <= args.spares <= MAX_PROCESSES:
+        raise SystemExit(
+            f"torchrelay run: --nproc-per-node must be in [1, {MAX_PROCESSES}] and --spares in "
+            f"[0, {MAX_PROCESSES}] (one process each; got {args.nproc_per_node} and {args.spares})"
+        )
+    _check_durations(args)
     host, _, port = args.rdzv_endpoint.rpartition(":")
     if not host or not port.isdigit() or int(port) > 65535:
         raise SystemExit(
@@ -148,11 +156,37 @@ def config_from_args(args: argparse.Namespace) -> JobConfig:
     )
 
 
+def _check_durations(args: argparse.Namespace) -> None:
+    """Timeouts are finite and positive, ``--max-restarts`` not negative; else one line."""
+    for flag in ("spare_timeout", "halt_timeout", "hang_floor", "node_timeout"):
+        value = getattr(args, flag)
+        if not (math.isfinite(value) and value > 0):
+            option = "--" + flag.replace("_", "-")
+            raise SystemExit(
+                f"torchrelay run: {option} must be a number of seconds > 0, not {value}"
+            )
+    if args.max_restarts < 0:
+        raise SystemExit(f"torchrelay run: --max-restarts must be >= 0, not {args.max_restarts}")
+
+
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     if not Path(config.script).is_file():
         raise SystemExit(f"torchrelay run: script {config.script!r} not found")
+    # torch loads here, once the arguments are known to be good: `torchrelay --help`, the
+    # operator commands and a mistyped flag never pay for it.
+    from torchrelay.agent.launcher import control_port, job_token, launch
+    from torchrelay.agent.remote import RemoteNode
+    from torchrelay.agent.signals import exit_status
+
     if config.node_rank > 0:
+        # Node 0 claims the run directory (agent.rundir); other nodes only write their logs.
+        try:
+            config.run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise SystemExit(
+                f"torchrelay run: cannot use --run-dir {config.run_dir}: {exc.strerror}"
+            ) from None
         control = f"{config.master_addr}:{control_port(config)}"
         return RemoteNode(config, control, job_token(config)).run()
     outcome = launch(config)

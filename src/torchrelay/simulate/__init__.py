@@ -11,56 +11,47 @@ Python API::
     assert mc.checkpoint_restart.ettr.contains(exact.checkpoint_restart.ettr)
 """
 
-from torchrelay.simulate.analytic import ClosedForm, Model, StrategyOutcome, closed_form
-from torchrelay.simulate.errors import ScenarioError
-from torchrelay.simulate.measured import RunMeasurement, measure_run
-from torchrelay.simulate.montecarlo import Estimate, MonteCarlo, StrategySample, monte_carlo
-from torchrelay.simulate.params import (
-    HOURS_PER_MONTH,
-    HOURS_PER_YEAR,
-    CalibrationPoint,
-    Checkpointing,
-    Cluster,
-    FailureClass,
-    Failures,
-    LiveRecovery,
-    Restart,
-    Scenario,
-    Simulation,
-    Spares,
-    load_scenario,
-    scenario_from_dict,
-)
-from torchrelay.simulate.plan import Strategy
-from torchrelay.simulate.sweep import SweepPoint, sweep
+from __future__ import annotations
 
-__all__ = [
-    "HOURS_PER_MONTH",
-    "HOURS_PER_YEAR",
-    "CalibrationPoint",
-    "Checkpointing",
-    "ClosedForm",
-    "Cluster",
-    "Estimate",
-    "FailureClass",
-    "Failures",
-    "LiveRecovery",
-    "Model",
-    "MonteCarlo",
-    "Restart",
-    "RunMeasurement",
-    "Scenario",
-    "ScenarioError",
-    "Simulation",
-    "Spares",
-    "Strategy",
-    "StrategyOutcome",
-    "StrategySample",
-    "SweepPoint",
-    "closed_form",
-    "load_scenario",
-    "measure_run",
-    "monte_carlo",
-    "scenario_from_dict",
-    "sweep",
-]
+import importlib
+from typing import Any
+
+# Where each public name lives; imported on first use, so that ``torchrelay simulate --help``
+# (and every other torchrelay command) does not pay for numpy and matplotlib.
+_LAZY = {
+    "CalibrationPoint": "params",
+    "Checkpointing": "params",
+    "ClosedForm": "analytic",
+    "Cluster": "params",
+    "Estimate": "montecarlo",
+    "FailureClass": "params",
+    "Failures": "params",
+    "HOURS_PER_MONTH": "params",
+    "HOURS_PER_YEAR": "params",
+    "LiveRecovery": "params",
+    "Model": "analytic",
+    "MonteCarlo": "montecarlo",
+    "Restart": "params",
+    "RunMeasurement": "measured",
+    "Scenario": "params",
+    "ScenarioError": "errors",
+    "Simulation": "params",
+    "Spares": "params",
+    "Strategy": "plan",
+    "StrategyOutcome": "analytic",
+    "StrategySample": "montecarlo",
+    "SweepPoint": "sweep",
+    "closed_form": "analytic",
+    "load_scenario": "params",
+    "measure_run": "measured",
+    "monte_carlo": "montecarlo",
+    "scenario_from_dict": "params",
+    "sweep": "sweep",
+}
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"torchrelay.simulate.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'torchrelay.simulate' has no attribute {name!r}")

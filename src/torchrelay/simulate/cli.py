@@ -9,16 +9,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-
 from torchrelay.simulate import presets
 from torchrelay.simulate.analytic import Model, closed_form
 from torchrelay.simulate.errors import ScenarioError
 from torchrelay.simulate.measured import RunMeasurement, measure_run
-from torchrelay.simulate.montecarlo import monte_carlo
 from torchrelay.simulate.params import Scenario, merge, read_settings, scenario_from_dict
-from torchrelay.simulate.report import Results, plot_ettr, print_report, to_dict
-from torchrelay.simulate.sweep import DEFAULT_MC_SIZES, DEFAULT_SIZES, sweep
 
 EXIT_BAD_INPUT = 2
 
@@ -229,6 +224,13 @@ def _scenario(args: argparse.Namespace) -> tuple[Scenario, RunMeasurement | None
 
 def run(args: argparse.Namespace) -> int:
     """Execute ``simulate``; 0 on success, 2 with a one-line reason on bad input."""
+    # numpy, matplotlib and rich load here, not when the parser is built (``--help``).
+    from rich.console import Console
+
+    from torchrelay.simulate.montecarlo import monte_carlo
+    from torchrelay.simulate.report import Results, plot_ettr, print_report, to_dict
+    from torchrelay.simulate.sweep import DEFAULT_MC_SIZES, DEFAULT_SIZES, sweep
+
     try:
         scenario, measurement = _scenario(args)
         results = Results(

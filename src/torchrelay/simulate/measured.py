@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from torchrelay.ledger import read_ledger
+from torchrelay.ledger import LedgerError, read_ledger
 from torchrelay.simulate.errors import ScenarioError
 from torchrelay.simulate.params import LiveRecovery
 
@@ -56,10 +56,9 @@ def measure_run(run_dir: Path, default_overhead: float) -> RunMeasurement:
             f"--from-run {run_dir}: no ledger.jsonl there; pass a torchrelay run dir"
         )
     try:
-        entries = read_ledger(ledger)
-    except (OSError, UnicodeDecodeError) as err:
-        raise ScenarioError(f"--from-run {ledger}: cannot read the ledger ({err})") from None
-    events = [e for e in entries if isinstance(e, dict) and isinstance(e.get("event"), str)]
+        events = read_ledger(ledger)
+    except LedgerError as err:
+        raise ScenarioError(f"--from-run: {err}") from None
     failures = sum(1 for e in events if e["event"] == "failure")
     if failures == 0:
         raise ScenarioError(

@@ -43,15 +43,24 @@ def _share(name: str, value: float, meaning: str) -> None:
     _check(0 <= value <= 1, name, f"in [0, 1] ({meaning})", value)
 
 
+MAX_GPUS = 1_000_000
+"""Largest cluster simulated: five times the largest announced (~200k GPUs). The work grows
+with the size (interruptions per simulated run, spare pools to size); at a million GPUs a
+default run takes seconds, while an absurd size (1e13) would run for ever."""
+
+
 @dataclass(frozen=True)
 class Cluster:
-    """The job's size and price: at least one GPU, a non-negative price per GPU-hour."""
+    """The job's size and price: 1 to :data:`MAX_GPUS` GPUs, a non-negative price per
+    GPU-hour."""
 
     gpus: int = 1024
     price_per_gpu_h: float = 3.0
 
     def __post_init__(self) -> None:
-        _check(self.gpus >= 1, "gpus", "an integer >= 1", self.gpus)
+        _check(
+            1 <= self.gpus <= MAX_GPUS, "gpus", f"an integer >= 1 and <= {MAX_GPUS:,}", self.gpus
+        )
         _non_negative("price_per_gpu_h", self.price_per_gpu_h)
 
 
@@ -240,19 +249,28 @@ class Spares:
         _non_negative("preempt_gpu_h", self.preempt_gpu_h)
 
 
+MAX_REPLICATIONS = 10_000
+MAX_RUN_DAYS = 3650.0
+"""Bounds of the Monte Carlo (the default is 200 runs of 30 days): its time grows with both,
+and beyond them a typo would keep it running for hours instead of saying so."""
+
+
 @dataclass(frozen=True)
 class Simulation:
-    """Monte Carlo settings: replications (0 skips it; else >= 2 for an interval), run
-    length in days, and the seed that makes results reproducible."""
+    """Monte Carlo settings: replications (0 skips it; else 2 to :data:`MAX_REPLICATIONS`
+    for an interval), run length in days (at most :data:`MAX_RUN_DAYS`), and the seed (>= 0)
+    that makes results reproducible."""
 
     replications: int = 200
     run_days: float = 30.0
     seed: int = 0
 
     def __post_init__(self) -> None:
-        ok = self.replications == 0 or self.replications >= 2
-        _check(ok, "replications", "0 (skip) or >= 2", self.replications)
+        ok = self.replications == 0 or 2 <= self.replications <= MAX_REPLICATIONS
+        _check(ok, "replications", f"0 (skip) or in [2, {MAX_REPLICATIONS:,}]", self.replications)
         _positive("run_days", self.run_days)
+        _check(self.run_days <= MAX_RUN_DAYS, "run_days", f"<= {MAX_RUN_DAYS:g}", self.run_days)
+        _check(self.seed >= 0, "seed", "an integer >= 0", self.seed)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,104 @@
+"""Operator commands never import torch: `torchrelay --help`, `report`, `status`, `chaos` and
+`simulate` answer in a fraction of a second instead of the seconds torch takes to load (a
+drill sent with `torchrelay chaos` landed 40 steps late when it did). Only `run` and `demo`,
+which train, load it, inside their handlers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from torchrelay.config import JobConfig
+from torchrelay.control.controller import Controller
+from torchrelay.control.service import ControlClient, ControlServer
+from torchrelay.control.wire import new_token
+from torchrelay.ledger import Ledger
+
+# Runs the real entry point in a fresh interpreter, then says whether torch got loaded.
+PROBE = """
+import json, sys
+from torchrelay.cli.main import main
+try:
+    code = main(sys.argv[1:])
+except SystemExit as exc:
+    code = exc.code
+print(json.dumps({"code": code, "torch": "torch" in sys.modules}))
+"""
+
+
+def probe(*argv: str) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, *argv], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+class RecordingAgent:
+    """Stands in for the node agent: records the signals the controller asks it to send."""
+
+    def __init__(self) -> None:
+        self.signals: list[tuple[str, int]] = []
+
+    def start_spare(self) -> None:
+        pass
+
+    def kill(self, process: str, signum: int = 9) -> None:
+        self.signals.append((process, signum))
+
+
+@pytest.fixture
+def live_job(tmp_path):
+    """A real controller behind the real control RPC, with worker0 joined, and the run
+    directory files (`endpoint`, `token`) an operator's command finds it by."""
+    config = JobConfig(script="train.py", script_args=[], nproc_per_node=1, run_dir=tmp_path)
+    ledger = Ledger(tmp_path / "ledger.jsonl")
+    agent = RecordingAgent()
+    token = new_token()
+    server = ControlServer(Controller(config, ledger, agent), token)
+    server.start()
+    (tmp_path / "token").write_text(token)
+    (tmp_path / "endpoint").write_text(server.address)
+    worker = ControlClient(server.address, token, "worker0")
+    worker.join("worker", 12345, "node0", 0)
+    yield tmp_path, agent
+    worker.close()
+    server.stop()
+    ledger.close()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("--help",),
+        ("run", "--help"),
+        ("demo", "--help"),
+        ("simulate", "--preset", "claim-16k", "--replications", "20", "--run-days", "5"),
+    ],
+    ids=["help", "run-help", "demo-help", "simulate"],
+)
+def test_commands_that_do_not_train_do_not_import_torch(argv):
+    result = probe(*argv)
+    assert result == {"code": 0, "torch": False}
+
+
+def test_report_status_and_chaos_do_not_import_torch(live_job):
+    run_dir, agent = live_job
+    assert probe("report", str(run_dir)) == {"code": 0, "torch": False}
+    assert probe("status", str(run_dir)) == {"code": 0, "torch": False}
+    drill = probe("chaos", "--run-dir", str(run_dir), "kill", "--rank", "0")
+    assert drill == {"code": 0, "torch": False}
+    assert agent.signals == [("worker0", 9)]  # the drill went all the way through
+
+
+def test_the_package_loads_torch_on_first_use_of_its_api():
+    # The probe is not blind: touching torchrelay.init (what a training script does) loads it.
+    check = "import sys, torchrelay; {} print('torch' in sys.modules)"
+    for touch, loaded in (("", "False"), ("torchrelay.init;", "True")):
+        done = subprocess.run(
+            [sys.executable, "-c", check.format(touch)], capture_output=True, text=True, timeout=120
+        )
+        assert done.stdout.strip() == loaded, done.stderr
