@@ -12,8 +12,9 @@ import sys
 import pytest
 
 from torchrelay.config import JobConfig
+from torchrelay.control.client import ControlClient
 from torchrelay.control.controller import Controller
-from torchrelay.control.service import ControlClient, ControlServer
+from torchrelay.control.service import ControlServer
 from torchrelay.control.wire import new_token
 from torchrelay.ledger import Ledger
 
