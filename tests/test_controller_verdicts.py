@@ -176,6 +176,15 @@ def test_a_spare_still_launching_is_waited_for(make):
     until(lambda: controller.generation == 1)
 
 
+def test_more_failures_than_spares_start_more_spares_instead_of_giving_up(make):
+    controller = make(spares=1)
+    start(controller, steps=5)
+    controller.on_exit("worker1", -9)
+    controller.on_exit("worker0", -9)  # two slots lost, one spare ready: one more is started
+    until(lambda: controller.agent.spares_started == 1)
+    assert controller.outcome is None and not events(controller, "recovery_abandoned")
+
+
 # ------------------------------------------------------------------ item 6b: deadline
 def test_a_recovery_past_its_deadline_is_replanned_then_stops_with_the_reason(make):
     # Deadline halt_timeout + hang timeout = 0.5 + 1.5 = 2 s per plan; one re-plan allowed.

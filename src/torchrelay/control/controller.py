@@ -958,6 +958,7 @@ class Controller:
             def interrupted() -> bool:
                 return self.finished or self._failed.keys() != failures.keys()
 
+            self._top_up_spares(len(failures))
             ok = self._cond.wait_for(
                 lambda: (
                     interrupted()
@@ -1004,14 +1005,24 @@ class Controller:
     def _ready_spares(self) -> list[Member]:
         return [m for m in self.members.values() if m.role == "spare" and m.state == "ready"]
 
-    def _no_spare_will_come(self, needed: int) -> bool:
+    def _spares_in_sight(self) -> tuple[int, int, int]:
+        """Spares (ready, starting, launching) that no slot holds yet."""
         free = [m for m in self.members.values() if m.role == "spare" and m.slot is None]
-        return missing_spares(
-            needed,
-            ready=sum(1 for m in free if m.state == "ready"),
-            starting=sum(1 for m in free if m.state == "starting"),
-            launching=sum(self._spares_launching.values()),
+        return (
+            sum(1 for m in free if m.state == "ready"),
+            sum(1 for m in free if m.state == "starting"),
+            sum(self._spares_launching.values()),
         )
+
+    def _top_up_spares(self, needed: int) -> None:
+        """Keep ``--spares`` spares ready or on their way, more while a recovery needs more
+        (several slots failed at once); a job started with ``--spares 0`` gets none."""
+        if self.config.spares > 0:
+            for _ in range(max(needed, self.config.spares) - sum(self._spares_in_sight())):
+                self._start_spare()
+
+    def _no_spare_will_come(self, needed: int) -> bool:
+        return missing_spares(needed, *self._spares_in_sight())
 
     def _abandon(
         self,
@@ -1085,8 +1096,7 @@ class Controller:
             replaced={str(k): v for k, v in plan.replaced.items()},
             lost_steps=plan.lost_steps,
         )
-        for _ in plan.replaced:
-            self._start_spare()
+        self._top_up_spares(0)
 
     def _phase_done(self, recovery: Recovery, member: Member, phase: str, body: dict) -> None:
         recovery.phases.setdefault(phase, {})[member.slot] = {  # type: ignore[index]
