@@ -39,7 +39,10 @@ def test_demo_runs_from_a_wheel_in_a_fresh_venv(tmp_path):
     venv = tmp_path / "venv"
     _run(sys.executable, "-m", "venv", "--without-pip", venv)
     python = venv / "bin" / "python"
-    _run(*pip, "--python", python, "install", "--no-deps", "--no-index", wheel)
+    # No PYTHONPATH anywhere below: a checkout's src/ on it would make pip believe torchrelay
+    # is installed already (and skip the wheel), and would hide the wheel's copy at run time.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    _run(*pip, "--python", python, "install", "--no-deps", "--no-index", wheel, env=env)
     # torch and the other dependencies come from this environment, without a download: a
     # plain path line, so this environment's editable torchrelay (a .pth of its own, which
     # is only honoured in a site directory) stays out of the new one.
@@ -48,7 +51,6 @@ def test_demo_runs_from_a_wheel_in_a_fresh_venv(tmp_path):
 
     outside = tmp_path / "elsewhere"
     outside.mkdir()
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     where = _run(
         python, "-c", "import torchrelay; print(torchrelay.__file__)", cwd=outside, env=env
     )

@@ -25,6 +25,7 @@ parser.add_argument("--eval-declared", type=int, default=1, help="inside relay.b
 parser.add_argument("--before-init", choices=["raise", "exit"], help="fail before init()")
 parser.add_argument("--track-inner", action="store_true", help="track(model=ddp.module)")
 parser.add_argument("--fail-saving", action="store_true", help="rank 0 raises after the loop")
+parser.add_argument("--print-steps", action="store_true", help="a line per committed step")
 parser.add_argument(
     "--leash", type=Path, default=None, help="a file with the first step that must wait (tests)"
 )
@@ -74,6 +75,8 @@ for step, (x, y) in relay.steps(data, batch_size=8, max_steps=args.steps):
     opt.step()
     sched.step()
     opt.zero_grad()
+    if args.print_steps:
+        print(f"step {step} loss {loss.item():.6f}", flush=True)
 
 if relay.rank == 0 and args.fail_saving:
     raise OSError("deliberate failure while saving the final model")

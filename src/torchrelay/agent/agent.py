@@ -47,6 +47,7 @@ class NodeAgent:
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._print_lock = threading.Lock()
+        self._stdout_closed = False
         self._spare_count = 0
         self._local_index: dict[str, int] = {}  # LOCAL_RANK (the GPU, on GPU nodes) by process
         self._stopping = False
@@ -143,10 +144,15 @@ class NodeAgent:
             for raw in iter(stream.readline, b""):
                 log.write(raw)
                 log.flush()
-                if self.config.stream_output:
+                if self.config.stream_output and not self._stdout_closed:
                     line = raw.decode(errors="replace").rstrip("\n")
                     with self._print_lock:
-                        print(f"[{self._label(process)}] {line}", flush=True)
+                        try:
+                            print(f"[{self._label(process)}] {line}", flush=True)
+                        except OSError:
+                            # `torchrelay run | head`: the reader left. Keep draining the pipe
+                            # into the log, or the worker would block on a full pipe.
+                            self._stdout_closed = True
 
     # ------------------------------------------------------------------ fence / stop
     def pid(self, process: str) -> int | None:
