@@ -224,17 +224,12 @@ class Controller:
         Ctrl-C), not failed. Exits seen from now on are the stop itself, not failures."""
         with self._cond:
             if self.outcome is None:
-                self.outcome = {
-                    "status": "terminated",
-                    "signal": signal_name,
-                    "reason": "stopped from outside (a scheduler, an operator or Ctrl-C); "
+                self._end(
+                    "terminated",
+                    signal=signal_name,
+                    reason="stopped from outside (a scheduler, an operator or Ctrl-C); "
                     "workers and spares were stopped",
-                    "steps_committed": self.highest_committed + 1,
-                }
-                self.ledger.record(
-                    "job_end", **self.outcome, rejected_requests=self.rejections.counts()
                 )
-                self._cond.notify_all()
 
     # ---------------------------------------------------------------- reports
     def join(self, process: str, role: str, pid: int, node: str, slot: int | None) -> dict:
@@ -1192,22 +1187,19 @@ class Controller:
         self._cond.notify_all()
 
     def _succeed(self) -> None:
-        self.outcome = {"status": "succeeded", "steps_committed": self.highest_committed + 1}
-        self.ledger.record("job_end", **self.outcome, rejected_requests=self.rejections.counts())
+        self._end("succeeded")
         for node in self.nodes.values():
             node.outbox.put({"type": "finish"})
-        self._cond.notify_all()
 
     def _fail(self, reason: str, traceback: str | None = None) -> None:
         if self.outcome is not None:
             return
-        self.outcome = {
-            "status": "failed",
-            "reason": reason,
-            "steps_committed": self.highest_committed + 1,
-        }
-        if traceback:
-            self.outcome["traceback"] = traceback
+        self._end("failed", reason=reason, **({"traceback": traceback} if traceback else {}))
+
+    def _end(self, status: str, **details: Any) -> None:
+        """Set the job's one outcome and record it (``job_end``, with the refused-request
+        counts); called with the lock held."""
+        self.outcome = {"status": status, **details, "steps_committed": self.highest_committed + 1}
         self.ledger.record("job_end", **self.outcome, rejected_requests=self.rejections.counts())
         self._cond.notify_all()
 
