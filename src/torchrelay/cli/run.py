@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
+from torchrelay.agent.slurm import Placement, SlurmError, place, slurm_step
 from torchrelay.chaos import ChaosSpecError, parse_schedule
 from torchrelay.config import JobConfig
 from torchrelay.report.summary import render_text, summarize
@@ -26,7 +29,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "on a spare from its live data-parallel replicas and training resumes at the next step.",
     )
     p.add_argument(
-        "--nnodes", type=int, default=1, help="number of nodes; node 0 hosts the controller"
+        "--nnodes",
+        type=int,
+        default=None,
+        help="number of nodes; node 0 hosts the controller (default: 1, or the srun step's)",
     )
     p.add_argument(
         "--nproc-per-node",
@@ -36,13 +42,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         default=1,
         help="workers per node (one per slot)",
     )
-    p.add_argument("--node-rank", "--node_rank", dest="node_rank", type=int, default=0)
+    p.add_argument(
+        "--node-rank",
+        "--node_rank",
+        dest="node_rank",
+        type=int,
+        default=None,
+        help="this node's index (default: 0, or SLURM_NODEID under srun)",
+    )
     p.add_argument(
         "--rdzv-endpoint",
         "--rdzv_endpoint",
         dest="rdzv_endpoint",
-        default="127.0.0.1:0",
-        help="HOST:PORT of the job's store (0: any free port)",
+        default=None,
+        help="HOST:PORT of the job's store, hosted by node 0; PORT 0: any free port "
+        "(default: 127.0.0.1:0, or under srun with several nodes the step's first host and "
+        "a port from the job id, see docs/slurm.md)",
     )
     p.add_argument(
         "--max-restarts",
@@ -86,7 +101,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--run-dir",
         type=Path,
         default=None,
-        help="where the ledger and logs go (default: runs/<timestamp>)",
+        help="where the ledger and logs go (default: runs/<timestamp>, or runs/slurm-<jobid> "
+        "under srun)",
     )
     p.add_argument(
         "--chaos",
@@ -102,8 +118,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def config_from_args(args: argparse.Namespace) -> JobConfig:
-    if not 0 <= args.node_rank < args.nnodes:
+def config_from_args(
+    args: argparse.Namespace, environ: Mapping[str, str] = os.environ
+) -> JobConfig:
+    """The job's configuration from the flags, and from ``environ`` under ``srun`` (see
+    :mod:`torchrelay.agent.slurm`); ``SystemExit`` with one line for bad input."""
+    try:
+        placement = place(
+            Placement(args.nnodes, args.node_rank, args.rdzv_endpoint, args.run_dir),
+            slurm_step(environ),
+        )
+    except SlurmError as exc:
+        raise SystemExit(f"torchrelay run: {exc}") from None
+    nnodes = 1 if placement.nnodes is None else placement.nnodes
+    node_rank = 0 if placement.node_rank is None else placement.node_rank
+    endpoint = placement.rdzv_endpoint or "127.0.0.1:0"
+    if not 0 <= node_rank < nnodes:
         raise SystemExit("torchrelay run: --node-rank must be in [0, --nnodes)")
     if not 1 <= args.nproc_per_node <= MAX_PROCESSES or not 0 <= args.spares <= MAX_PROCESSES:
         raise SystemExit(
@@ -111,16 +141,16 @@ def config_from_args(args: argparse.Namespace) -> JobConfig:
             f"[0, {MAX_PROCESSES}] (one process each; got {args.nproc_per_node} and {args.spares})"
         )
     _check_durations(args)
-    host, _, port = args.rdzv_endpoint.rpartition(":")
+    host, _, port = endpoint.rpartition(":")
     if not host or not port.isdigit() or int(port) > 65535:
         raise SystemExit(
             f"torchrelay run: --rdzv-endpoint must be HOST:PORT with PORT in 0..65535, not "
-            f"{args.rdzv_endpoint!r}"
+            f"{endpoint!r}"
         )
     script_args = list(args.script_args)
     if script_args[:1] == ["--"]:
         script_args = script_args[1:]
-    if args.nnodes > 1 and not 0 < int(port) < 65535:
+    if nnodes > 1 and not 0 < int(port) < 65535:
         raise SystemExit(
             "torchrelay run: several nodes need a fixed --rdzv-endpoint HOST:PORT "
             "(the store's port, below 65535; the controller listens on PORT+1)"
@@ -130,20 +160,20 @@ def config_from_args(args: argparse.Namespace) -> JobConfig:
             "torchrelay run: --node-timeout and --hang-floor must exceed 1 s (heartbeats go "
             "out twice a second; shorter timeouts would fence healthy processes)"
         )
-    world_size = args.nnodes * args.nproc_per_node
+    world_size = nnodes * args.nproc_per_node
     try:
-        chaos = parse_schedule(args.chaos, world_size, args.nnodes)
+        chaos = parse_schedule(args.chaos, world_size, nnodes)
     except ChaosSpecError as exc:
         raise SystemExit(f"torchrelay run: {exc}") from None
-    run_dir = args.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+    run_dir = placement.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S")
     return JobConfig(
         script=args.script,
         script_args=script_args,
         nproc_per_node=args.nproc_per_node,
         run_dir=run_dir,
         spares=args.spares,
-        nnodes=args.nnodes,
-        node_rank=args.node_rank,
+        nnodes=nnodes,
+        node_rank=node_rank,
         max_restarts=args.max_restarts,
         spare_timeout=args.spare_timeout,
         halt_timeout=args.halt_timeout,
@@ -180,6 +210,7 @@ def run(args: argparse.Namespace) -> int:
     from torchrelay.agent.signals import exit_status
 
     if config.node_rank > 0:
+        token = job_token(config)  # checked first: a refused node leaves no directory behind
         # Node 0 claims the run directory (agent.rundir); other nodes only write their logs.
         try:
             config.run_dir.mkdir(parents=True, exist_ok=True)
@@ -188,7 +219,7 @@ def run(args: argparse.Namespace) -> int:
                 f"torchrelay run: cannot use --run-dir {config.run_dir}: {exc.strerror}"
             ) from None
         control = f"{config.master_addr}:{control_port(config)}"
-        return RemoteNode(config, control, job_token(config)).run()
+        return RemoteNode(config, control, token).run()
     outcome = launch(config)
     print(render_text(summarize(config.run_dir)), flush=True)
     if outcome["status"] == "terminated":
