@@ -17,12 +17,21 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev,bench]"
     echo "$want" > "$stamp"
 fi
+# apt_install "TOOLS" WHY PACKAGE...: as root with apt, install PACKAGEs when a TOOL is missing.
+# Elsewhere the tests that need them are skipped (and fail under CI=true, which must provide them).
+apt_install() {
+    local tools=$1 why=$2 tool missing=""
+    shift 2
+    for tool in $tools; do command -v "$tool" >/dev/null || missing=1; done
+    if [ -n "$missing" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "setup: installing $* (apt) for $why"
+        apt-get install -y -qq "$@" >/dev/null 2>&1 \
+            || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq "$@" >/dev/null 2>&1; } \
+            || echo "setup: could not install $*; $why will not run" >&2
+    fi
+}
 # The network-partition test cuts a node's link with nftables inside a network namespace: it
-# needs root, iproute2 and nft. Install nft where we can; elsewhere that one test is skipped
-# (and fails under CI=true, which must provide it).
-if ! command -v nft >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    echo "setup: installing nftables (apt) for the network-partition test"
-    apt-get install -y -qq nftables >/dev/null 2>&1 \
-        || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq nftables >/dev/null 2>&1; } \
-        || echo "setup: could not install nftables; the partition test will not run" >&2
-fi
+# needs root, iproute2 and nft.
+apt_install nft "the network-partition test" nftables
+# The Slurm test runs its own one-node cluster (munged, slurmctld, slurmd) as root.
+apt_install "munged slurmctld slurmd sbatch srun" "the Slurm test" slurm-wlm munge
