@@ -1,9 +1,13 @@
-"""A real one-node Slurm cluster for tests: munged, slurmctld and slurmd in a temporary directory.
+"""A real Slurm cluster on this machine for tests: munged, slurmctld and a slurmd per node.
 
-Everything the daemons read or write lives under that directory (slurm.conf, the munge key and
-socket, state, spool, logs, pid files) and they listen on free ports, so the cluster neither
-needs nor touches a system Slurm. It runs as root (``SlurmUser=root``), with the plugins that
-need no cgroups and no database: ``proctrack/linuxproc``, ``task/none``, no accounting.
+Node ``i`` is named ``127.0.0.<i+1>``, a loopback address of its own (all of 127/8 is
+loopback), so a job of several nodes sees a real nodelist (``127.0.0.[1-2]``) whose first
+host every node can reach. Everything the daemons read or write lives in a temporary directory
+(slurm.conf, the munge key and socket, state, spools, logs, pid files) and they listen on free
+ports, so the cluster neither needs nor touches a system Slurm. It runs as root
+(``SlurmUser=root``), with the plugins that need no cgroups and no database:
+``proctrack/linuxproc``, ``task/none``, no accounting. Job ids start at a random number, so
+that clusters of concurrent test sessions derive different rendezvous ports from them.
 Readiness and shutdown are events -- the munge socket appears, ``sinfo`` reports the node idle,
 ``squeue`` runs empty -- with generous timeouts as safety nets only.
 """
@@ -12,9 +16,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -23,26 +29,24 @@ from pathlib import Path
 
 import pytest
 
-from tests.jobs import free_port_pair
-
 TOOLS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "sinfo", "squeue", "scancel")
 
 CONF = """\
 ClusterName=torchrelay
 SlurmctldHost=localhost
 SlurmctldPort={ctld_port}
-SlurmdPort={slurmd_port}
+FirstJobId={first_job}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket={root}/munge/munge.socket
 StateSaveLocation={root}/state
-SlurmdSpoolDir={root}/spool
+SlurmdSpoolDir={root}/spool/%n
 SlurmctldPidFile={root}/slurmctld.pid
-SlurmdPidFile={root}/slurmd.pid
+SlurmdPidFile={root}/spool/slurmd-%n.pid
 SlurmctldLogFile={root}/log/slurmctld.log
-SlurmdLogFile={root}/log/slurmd.log
+SlurmdLogFile={root}/log/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
@@ -52,9 +56,10 @@ MpiDefault=none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 ReturnToService=2
-NodeName=localhost CPUs={cpus} RealMemory=1000 State=UNKNOWN
-PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
+{nodes}
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
+NODE = "NodeName={name} NodeHostname=localhost Port={port} CPUs={cpus} RealMemory=1000"
 
 
 def require_slurm() -> None:
@@ -105,63 +110,91 @@ class SlurmCluster:
 
 
 @contextlib.contextmanager
-def local_slurm(root: Path) -> Iterator[SlurmCluster]:
-    """A running one-node cluster in ``root``; every daemon and job is gone on exit."""
+def local_slurm(root: Path, nodes: int) -> Iterator[SlurmCluster]:
+    """A running cluster of ``nodes`` nodes in ``root``; every daemon and job is gone on exit."""
     for sub in ("munge", "state", "spool", "log"):
         (root / sub).mkdir(mode=0o700, parents=True)
     key = root / "munge" / "munge.key"
     key.write_bytes(secrets.token_bytes(1024))
     key.chmod(0o400)
-    port = free_port_pair()
+    ctld_port, *ports = _free_ports(1 + nodes)
+    names = [f"127.0.0.{i + 1}" for i in range(nodes)]
+    lines = [
+        NODE.format(name=n, port=p, cpus=os.cpu_count() or 1)
+        for n, p in zip(names, ports, strict=True)
+    ]
     conf = root / "slurm.conf"
     conf.write_text(
-        CONF.format(root=root, ctld_port=port, slurmd_port=port + 1, cpus=os.cpu_count() or 1)
+        CONF.format(
+            root=root,
+            ctld_port=ctld_port,
+            first_job=random.randrange(10_000, 1_000_000),
+            nodes="\n".join(lines),
+        )
     )
     cluster = SlurmCluster(root, {**os.environ, "SLURM_CONF": str(conf)})
-    socket = root / "munge" / "munge.socket"
+    munge_socket = root / "munge" / "munge.socket"
     daemons: list[subprocess.Popen[bytes]] = []
+    ready = False
     try:
         daemons.append(
             _start(
                 cluster,
                 "munged",
+                "munged",
                 "--foreground",
                 "--force",  # the socket's directory is private, as munge's own check dislikes
                 f"--key-file={key}",
-                f"--socket={socket}",
+                f"--socket={munge_socket}",
                 f"--pid-file={root}/munge/munged.pid",
                 f"--seed-file={root}/munge/seed",
                 f"--log-file={root}/log/munged.log",
             )
         )
-        cluster.wait_until("munged listening", socket.exists, daemons)
-        daemons.append(_start(cluster, "slurmctld", "-D"))
-        daemons.append(_start(cluster, "slurmd", "-D", "-N", "localhost"))
-        cluster.wait_until("the node idle", lambda: _node_state(cluster) == "idle", daemons)
+        cluster.wait_until("munged listening", munge_socket.exists, daemons)
+        daemons.append(_start(cluster, "slurmctld", "slurmctld", "-D"))
+        for name in names:
+            daemons.append(_start(cluster, f"slurmd-{name}", "slurmd", "-D", "-N", name))
+        idle = ["idle"] * nodes
+        cluster.wait_until("every node idle", lambda: _node_states(cluster) == idle, daemons)
+        ready = True
         yield cluster
     finally:
-        _cancel_jobs(cluster, daemons)
+        if ready:
+            _cancel_jobs(cluster, daemons)
         for daemon in reversed(daemons):
             _stop(daemon)
 
 
-def _start(cluster: SlurmCluster, *argv: str) -> subprocess.Popen[bytes]:
-    out = (cluster.root / "log" / f"{argv[0]}.out").open("wb")
+def _free_ports(count: int) -> list[int]:
+    """``count`` distinct ports free on every loopback address right now."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def _start(cluster: SlurmCluster, name: str, *argv: str) -> subprocess.Popen[bytes]:
+    out = (cluster.root / "log" / f"{name}.out").open("wb")
     with out:  # the child holds its own descriptor
         return subprocess.Popen(
             argv, env=cluster.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
 
 
-def _node_state(cluster: SlurmCluster) -> str:
+def _node_states(cluster: SlurmCluster) -> list[str]:
     done = cluster.command("sinfo", "--noheader", "--Node", "--format=%T", timeout=30)
-    return done.stdout.strip() if done.returncode == 0 else ""
+    return done.stdout.split() if done.returncode == 0 else []
 
 
 def _cancel_jobs(cluster: SlurmCluster, daemons: list[subprocess.Popen[bytes]]) -> None:
     """Cancel whatever a test left queued or running and wait for the queue to empty: a job's
     processes outlive slurmd by design, so they must go before the daemons do."""
-    if len(daemons) < 3 or any(d.poll() is not None for d in daemons):
+    if any(d.poll() is not None for d in daemons):  # no cluster left to ask
         return
     with contextlib.suppress(subprocess.TimeoutExpired):
         cluster.command("scancel", "--user", "root", timeout=30)
