@@ -238,3 +238,8 @@ def test_two_node_step_without_a_job_token_is_told_to_export_one(monkeypatch, tm
     assert done.returncode != 0 and "Traceback" not in done.stderr
     assert "$TORCHRELAY_JOB_TOKEN" in done.stderr and len(done.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "runs").exists()  # refused before touching the run directory
+
+
+def test_an_empty_endpoint_is_refused_not_defaulted():
+    with pytest.raises(SystemExit, match="HOST:PORT"):
+        config_from_args(parse("--rdzv-endpoint", ""), {})

@@ -130,9 +130,10 @@ def config_from_args(
         )
     except SlurmError as exc:
         raise SystemExit(f"torchrelay run: {exc}") from None
+    # The torchrun defaults, where neither a flag nor srun said anything.
     nnodes = 1 if placement.nnodes is None else placement.nnodes
     node_rank = 0 if placement.node_rank is None else placement.node_rank
-    endpoint = placement.rdzv_endpoint or "127.0.0.1:0"
+    endpoint = "127.0.0.1:0" if placement.rdzv_endpoint is None else placement.rdzv_endpoint
     if not 0 <= node_rank < nnodes:
         raise SystemExit("torchrelay run: --node-rank must be in [0, --nnodes)")
     if not 1 <= args.nproc_per_node <= MAX_PROCESSES or not 0 <= args.spares <= MAX_PROCESSES:
