@@ -8,7 +8,7 @@ ports, so the cluster neither needs nor touches a system Slurm. It runs as root
 (``SlurmUser=root``), with the plugins that need no cgroups and no database:
 ``proctrack/linuxproc``, ``task/none``, no accounting. Job ids start at a random number, so
 that clusters of concurrent test sessions derive different rendezvous ports from them.
-Readiness and shutdown are events -- the munge socket appears, ``sinfo`` reports the node idle,
+Readiness and shutdown are events -- the munge socket appears, ``sinfo`` reports every node idle,
 ``squeue`` runs empty -- with generous timeouts as safety nets only.
 """
 

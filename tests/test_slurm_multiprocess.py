@@ -100,3 +100,24 @@ def test_two_node_sbatch_job_meets_on_the_first_host_and_recovers(slurm, tmp_pat
     reference = run_job(tmp_path_factory.mktemp("reference"), nproc=4, spares=0, steps=STEPS)
     assert reference.returncode == 0, reference.output
     assert_bitwise_equal(job.weights(), reference.weights())
+
+
+def test_several_tasks_per_node_are_refused_in_one_line(slurm, tmp_path):
+    done = slurm.command(
+        "srun",
+        f"--chdir={tmp_path}",
+        "--nodes=1",
+        "--ntasks-per-node=2",
+        sys.executable,
+        "-m",
+        "torchrelay.cli.main",
+        "run",
+        str(SCRIPTS / "mlp_train.py"),
+        timeout=300,
+    )
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    refusals = [line for line in done.stderr.splitlines() if line.startswith("torchrelay run:")]
+    assert len(refusals) == 2, done.stderr  # one from each task
+    assert all("Slurm started 2 tasks on a node" in line for line in refusals)
+    assert "srun --ntasks-per-node=1" in refusals[0]
+    assert not (tmp_path / "runs").exists()
