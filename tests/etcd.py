@@ -23,7 +23,7 @@ import pytest
 START_TIMEOUT = 60.0
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -67,7 +67,7 @@ def start_etcd(data_dir: Path, fast_election: bool = True) -> EtcdServer:
     binary = etcd_binary()
     assert binary, "etcd is not installed (bash scripts/setup.sh installs etcd-server)"
     data_dir.mkdir(parents=True, exist_ok=True)
-    client, peer = _free_port(), _free_port()
+    client, peer = free_port(), free_port()
     log = data_dir / "etcd.log"
     command = [
         binary,
