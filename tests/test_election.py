@@ -11,6 +11,7 @@ import threading
 import time
 from pathlib import Path
 
+import etcd3gw
 import pytest
 
 from tests.etcd import EtcdServer
@@ -95,6 +96,15 @@ def test_etcd_killed_the_leader_is_lost_and_writes_fail_fast(etcd: EtcdServer):
         store.set_state(b"after", revision, fence=leadership)
     assert time.monotonic() - started < 0.5 + 2.0  # bounded by the call timeout, no hang
     leadership.resign()  # etcd is gone: bounded too
+
+
+def test_leader_key_deleted_by_hand_the_term_is_lost(etcd: EtcdServer):
+    backend = EtcdBackend("127.0.0.1", etcd.port, "job")
+    leadership = backend.campaign("a", 3, timeout=10)
+    etcd3gw.client(host="127.0.0.1", port=etcd.port, timeout=5).delete(backend.leader_key)
+    assert leadership.lost.wait(SAFETY), "the leader did not notice its key was deleted"
+    assert not leadership.is_leader()
+    leadership.resign()
 
 
 @pytest.mark.slow

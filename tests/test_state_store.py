@@ -123,6 +123,11 @@ def test_two_candidates_exactly_one_leader(connect):
     second[0].resign()
 
 
+def test_a_lease_is_whole_seconds(connect):
+    with pytest.raises(ValueError, match="whole number of seconds >= 1"):
+        connect().campaign("a", ttl=0, timeout=1)
+
+
 def test_a_deposed_leaders_fenced_write_is_refused(connect):
     store = SealedStore(connect(), TOKEN)
     first = store.backend.campaign("a", ttl=5, timeout=10)

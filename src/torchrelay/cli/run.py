@@ -189,7 +189,9 @@ def _check_state_store(spec: StoreSpec) -> None:
         with open_backend(spec) as backend:
             backend.check()
     except StoreError as exc:
-        raise SystemExit(f"torchrelay run: --state {spec}: {exc}") from None
+        raise SystemExit(
+            f"torchrelay run: --state {spec}: {exc} (start etcd there, or use --state memory)"
+        ) from None
 
 
 def run(args: argparse.Namespace) -> int:

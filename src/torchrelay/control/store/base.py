@@ -40,6 +40,14 @@ class ElectionTimeout(StoreError):
     """``campaign`` did not win within its timeout (another candidate kept the lead)."""
 
 
+def check_ttl(ttl: int) -> None:
+    """A lease is whole seconds (etcd's unit), at least one."""
+    if not isinstance(ttl, int) or ttl < 1:
+        raise ValueError(
+            f"a leader lease needs a TTL of a whole number of seconds >= 1, not {ttl!r}"
+        )
+
+
 class Leadership(ABC):
     """The right to act for the job, held until :meth:`resign` or until it is lost.
 
@@ -79,6 +87,9 @@ class Leadership(ABC):
 class StateBackend(ABC):
     """One job's state blob with compare-and-swap, and its leader election."""
 
+    where = "the state store"
+    """Names the store in error messages."""
+
     @abstractmethod
     def get_state(self) -> tuple[bytes | None, Revision]:
         """The stored state and its revision, or ``(None, 0)`` when nothing is stored."""
@@ -105,7 +116,11 @@ class StateBackend(ABC):
         on_lost: Callable[[], None] | None = None,
     ) -> Leadership:
         """Block until ``candidate`` holds the lead (a lease of ``ttl`` seconds), or until
-        ``timeout`` seconds pass (:class:`ElectionTimeout`)."""
+        ``timeout`` seconds pass (:class:`ElectionTimeout`).
+
+        ``on_lost`` runs once, in the thread that keeps the lease, when the term is lost: it
+        must return quickly (set a flag, signal a loop), never wait on the store.
+        """
 
     @abstractmethod
     def check(self) -> None:

@@ -2,8 +2,9 @@
 
 :func:`campaign` grants a lease and puts the leader key only if it does not exist (a
 transaction comparing its ``create_revision`` with 0). The winner's :class:`EtcdLeadership`
-refreshes the lease every third of its TTL. A loser watches the key from the revision it saw
-and tries again once the key is deleted (its holder resigned, or its lease expired at etcd).
+refreshes the lease every third of its TTL and checks that the key is still its own. A loser
+watches the key from the revision it saw and tries again once the key is deleted (its holder
+resigned, or its lease expired at etcd).
 
 No split brain: the holder's local deadline is the *send* time of the last refresh that etcd
 acknowledged plus the TTL; etcd's own expiry is never earlier (it starts counting when it
@@ -20,7 +21,12 @@ import threading
 import time
 from collections.abc import Callable
 
-from torchrelay.control.store.base import ElectionTimeout, Leadership, StoreUnavailable
+from torchrelay.control.store.base import (
+    ElectionTimeout,
+    Leadership,
+    StoreUnavailable,
+    check_ttl,
+)
 from torchrelay.control.store.etcd_client import EtcdConnection, b64, equal
 
 RETRY_PAUSE = 0.1
@@ -33,6 +39,7 @@ class EtcdLeadership(Leadership):
     def __init__(
         self,
         conn: EtcdConnection,
+        key: str,
         candidate: str,
         revision: int,
         lease: int,
@@ -45,6 +52,7 @@ class EtcdLeadership(Leadership):
         self.ttl = ttl
         self.deadline = granted_at + ttl  # monotonic; only the keepalive thread moves it
         self._conn = conn
+        self._key = key
         self._stop = threading.Event()
         self._thread = threading.Thread(
             target=self._keep_alive, name=f"leader-lease-{candidate}", daemon=True
@@ -75,10 +83,13 @@ class EtcdLeadership(Leadership):
                 return
             try:
                 ttl = self._conn.keepalive(self.lease)
+                # The key is ours only while its create_revision is our term's: it is gone
+                # if the lease expired, or if someone deleted it by hand.
+                held = self._conn.get("leader check", self._key)
             except StoreUnavailable:
                 next_refresh = time.monotonic() + min(period, RETRY_PAUSE)
                 continue
-            if ttl <= 0:  # etcd revoked or expired the lease: the key is gone
+            if ttl <= 0 or held is None or int(held["create_revision"]) != self.revision:
                 self._mark_lost()
                 return
             self.deadline = sent + ttl
@@ -86,7 +97,7 @@ class EtcdLeadership(Leadership):
 
 
 def campaign(
-    connect: Callable[[], EtcdConnection],
+    connect: Callable[[float | None], EtcdConnection],
     key: str,
     candidate: str,
     ttl: int,
@@ -98,9 +109,8 @@ def campaign(
     An unreachable etcd is retried until the timeout (a standby waits out an outage); the
     timeout's message then names the last error.
     """
-    if ttl < 1:
-        raise ValueError(f"a leader lease needs a TTL of at least 1 s, not {ttl}")
-    conn = connect()
+    check_ttl(ttl)
+    conn = connect(None)
     try:
         return _campaign(conn, connect, key, candidate, ttl, timeout, on_lost)
     finally:
@@ -109,7 +119,7 @@ def campaign(
 
 def _campaign(
     conn: EtcdConnection,
-    connect: Callable[[], EtcdConnection],
+    connect: Callable[[float | None], EtcdConnection],
     key: str,
     candidate: str,
     ttl: int,
@@ -137,10 +147,12 @@ def _campaign(
             )
             seen = int(answer["header"]["revision"])
             if answer.get("succeeded"):
-                # The keepalive thread gets its own connection: a slow refresh never queues
-                # behind the controller's state writes.
+                # The keepalive thread gets its own connection, so a refresh never queues
+                # behind the controller's state writes, and a shorter timeout, so a refresh
+                # that hangs is retried, or the term given up, on time.
+                keeper = connect(min(conn.timeout, max(0.1, granted / 3)))
                 return EtcdLeadership(
-                    connect(), candidate, seen, lease, granted, granted_at, on_lost
+                    keeper, key, candidate, seen, lease, granted, granted_at, on_lost
                 )
             conn.revoke(lease)
         except StoreUnavailable as exc:

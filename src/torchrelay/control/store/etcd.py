@@ -37,12 +37,9 @@ class EtcdBackend(StateBackend):
     ) -> None:
         self._host, self._port, self._timeout = host, port, timeout
         self._conn = EtcdConnection(host, port, timeout)
+        self.where = self._conn.where
         self.state_key = f"/{prefix}/state"
         self.leader_key = f"/{prefix}/leader"
-
-    @property
-    def where(self) -> str:
-        return self._conn.where
 
     def get_state(self) -> tuple[bytes | None, Revision]:
         kv = self._conn.get("read state", self.state_key)
@@ -85,8 +82,8 @@ class EtcdBackend(StateBackend):
     def close(self) -> None:
         self._conn.close()
 
-    def _connect(self) -> EtcdConnection:
-        return EtcdConnection(self._host, self._port, self._timeout)
+    def _connect(self, timeout: float | None = None) -> EtcdConnection:
+        return EtcdConnection(self._host, self._port, timeout or self._timeout)
 
 
 def _value(kv: dict[str, Any] | None) -> tuple[bytes | None, Revision]:

@@ -17,6 +17,7 @@ from torchrelay.control.store.base import (
     NotLeader,
     Revision,
     StateBackend,
+    check_ttl,
 )
 
 
@@ -44,6 +45,8 @@ class MemoryLeadership(Leadership):
 
 class MemoryBackend(StateBackend):
     """State and leader in this process's memory; every call answers at once."""
+
+    where = "memory"
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
@@ -75,6 +78,7 @@ class MemoryBackend(StateBackend):
         timeout: float | None = None,
         on_lost: Callable[[], None] | None = None,
     ) -> Leadership:
+        check_ttl(ttl)
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while self._leader is not None:

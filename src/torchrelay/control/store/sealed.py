@@ -23,10 +23,9 @@ class StateTampered(StoreError):
 class SealedStore:
     """Compare-and-swap of the job's state over ``backend``, authenticated with ``token``."""
 
-    def __init__(self, backend: StateBackend, token: str, where: str = "the state store") -> None:
+    def __init__(self, backend: StateBackend, token: str) -> None:
         self.backend = backend
         self._token = token
-        self._where = where
 
     def get_state(self) -> tuple[bytes | None, Revision]:
         """The authenticated state and its revision, ``(None, 0)`` when none is stored."""
@@ -51,7 +50,7 @@ class SealedStore:
             return base64.b64decode(body["state"], validate=True)
         except (WireError, KeyError, TypeError, binascii.Error) as exc:
             raise StateTampered(
-                f"the job state in {self._where} (revision {revision}) failed authentication "
-                f"with this job's token ({exc}); refusing to use it: was it written by another "
-                "job with the same key prefix, or by hand?"
+                f"the job state in {self.backend.where} (revision {revision}) failed "
+                f"authentication with this job's token ({exc}); refusing to use it: was it "
+                "written by another job with the same key prefix, or by hand?"
             ) from None
