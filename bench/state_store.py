@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
             server.kill()
     load = os.getloadavg()[0]
     command = " ".join(["python -m bench.state_store", *(argv or sys.argv[1:])])
-    print(f"- command: `{command}`")
+    print(f"- command: `{command}`, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     print(
         f"- machine: `nproc` = {os.cpu_count()}, {platform.platform()}, load average {load:.1f}; "
         f"etcd {_etcd_version()}, one member, default raft timings, data on local disk"
