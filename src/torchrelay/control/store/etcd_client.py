@@ -63,7 +63,7 @@ class EtcdConnection:
         except (etcd_exceptions.Etcd3Exception, requests.RequestException) as exc:
             detail = getattr(exc, "detail_text", None) or str(exc) or type(exc).__name__
             reason = " ".join(str(detail).split())[:200]
-        except (ValueError, KeyError, TypeError) as exc:  # not etcd's gateway answering
+        except (ValueError, KeyError) as exc:  # not etcd's gateway answering
             reason = f"unexpected answer ({type(exc).__name__}: {exc})"[:200]
         raise StoreUnavailable(f"{self.where}: {what} failed: {reason}")
 
@@ -92,8 +92,12 @@ class EtcdConnection:
 
     def grant(self, ttl: int) -> tuple[int, int]:
         """A new lease: its id and the TTL etcd granted (never below etcd's minimum)."""
-        answer = self.call("lease grant", self._post, "/lease/grant", {"TTL": ttl})
-        return int(answer["ID"]), int(answer["TTL"])
+
+        def grant() -> tuple[int, int]:
+            answer = self._post("/lease/grant", {"TTL": ttl})
+            return int(answer["ID"]), int(answer["TTL"])
+
+        return self.call("lease grant", grant)
 
     def keepalive(self, lease: int) -> int:
         """Refresh ``lease``; the TTL it now has, or <= 0 when etcd no longer knows it."""
