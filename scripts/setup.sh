@@ -26,3 +26,11 @@ if ! command -v nft >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev
         || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq nftables >/dev/null 2>&1; } \
         || echo "setup: could not install nftables; the partition test will not run" >&2
 fi
+# The state-store and election tests start a real etcd (Debian's etcd-server, 3.4) on free
+# loopback ports; elsewhere they are skipped (and fail under CI=true, which must provide it).
+if ! command -v etcd >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "setup: installing etcd-server (apt) for the state-store tests"
+    apt-get install -y -qq etcd-server >/dev/null 2>&1 \
+        || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq etcd-server >/dev/null 2>&1; } \
+        || echo "setup: could not install etcd-server; the etcd tests will not run" >&2
+fi
