@@ -33,5 +33,8 @@ apt_install() {
 # The network-partition test cuts a node's link with nftables inside a network namespace: it
 # needs root, iproute2 and nft.
 apt_install nft "the network-partition test" nftables
-# The Slurm test runs its own one-node cluster (munged, slurmctld, slurmd) as root.
-apt_install "munged slurmctld slurmd sbatch srun" "the Slurm test" slurm-wlm munge
+# The state-store and election tests start a real etcd (Debian's etcd-server, 3.4) on free
+# loopback ports.
+apt_install etcd "the state-store tests" etcd-server
+# The Slurm tests run their own cluster (munged, slurmctld, a slurmd per node) as root.
+apt_install "munged slurmctld slurmd sbatch srun" "the Slurm tests" slurm-wlm munge

@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 
+from tests.etcd import etcd  # noqa: F401  (a fixture: a real etcd on free loopback ports)
+
 
 def run_ranks(
     world: int, fn: Callable[[int, dist.ProcessGroup], Any], timeout: float = 20.0

@@ -96,10 +96,20 @@ def run_job(run_dir: Path, *, timeout: float = 300, **options: Any) -> JobResult
     return JobResult(done.returncode, done.stdout + done.stderr, run_dir)
 
 
-def assert_bitwise_equal(ours: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> None:
+STORY_EVENTS = ("failure", "recovery_start", "recovery_planned", "recovery_failed", "recovery_done")
+
+
+def assert_bitwise_equal(
+    ours: dict[str, torch.Tensor], ref: dict[str, torch.Tensor], job: JobResult | None = None
+) -> None:
+    """Equal bit for bit; on a difference, the job's recovery events and output say why."""
     assert ours.keys() == ref.keys()
     different = [k for k in ref if not torch.equal(ours[k], ref[k])]
-    assert not different, f"tensors differ from the failure-free run: {different}"
+    story = ""
+    if different and job is not None:
+        events = [e for e in job.ledger() if e["event"] in STORY_EVENTS]
+        story = "\n" + "\n".join(map(json.dumps, events)) + "\n" + job.output[-4000:]
+    assert not different, f"tensors differ from the failure-free run: {different}{story}"
 
 
 def move_leash(leash: Path, step: int) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.etcd import free_port
 from tests.jobs import SCRIPTS
 
 SCRIPT = str(SCRIPTS / "mlp_train.py")
@@ -153,6 +154,18 @@ RUN_CASES = {
         "--nproc-per-node must be in [1, 256]",
     ),
     "spares-absurd": (lambda tmp_path: _run(tmp_path, "--spares", "100000"), "--spares in"),
+    "state-no-scheme": (lambda tmp_path: _run(tmp_path, "--state", "localhost:2379"), "--state"),
+    "state-other-scheme": (
+        lambda tmp_path: _run(tmp_path, "--state", "redis://localhost:6379"),
+        "--state must be 'memory' or 'etcd://HOST:PORT[/PREFIX]'",
+    ),
+    "state-no-port": (lambda tmp_path: _run(tmp_path, "--state", "etcd://localhost"), "PORT"),
+    "state-port-range": (lambda tmp_path: _run(tmp_path, "--state", "etcd://h:70000"), "PORT"),
+    "state-bad-prefix": (lambda tmp_path: _run(tmp_path, "--state", "etcd://h:1/a b"), "PREFIX"),
+    "state-etcd-unreachable": (
+        lambda tmp_path: _run(tmp_path, "--state", f"etcd://127.0.0.1:{free_port()}"),
+        "failed: cannot connect (is etcd running there",
+    ),
     "nproc-not-a-number": (
         lambda tmp_path: _run(tmp_path, "--nproc-per-node", "four"),
         "invalid int value",

@@ -35,7 +35,7 @@ def test_killed_worker_is_rebuilt_and_weights_stay_bitwise_equal(
 ):
     job = run_job(tmp_path, chaos=chaos, steps=STEPS)
     assert job.returncode == 0, job.output
-    assert_bitwise_equal(job.weights(), reference_weights(STEPS))
+    assert_bitwise_equal(job.weights(), reference_weights(STEPS), job)
 
     summary = job.summary()
     assert summary["steps_committed"] == STEPS

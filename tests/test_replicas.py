@@ -3,9 +3,13 @@ mirror, with real gloo groups between threads (the facade's poisoning is tested 
 
 from __future__ import annotations
 
+import base64
+
 import pytest
 import torch
 
+from torchrelay.runtime.facade import StableProcessGroup
+from torchrelay.runtime.guard import StepGuard
 from torchrelay.runtime.replicas import (
     AgreementCheck,
     LocalMirror,
@@ -137,7 +141,7 @@ def test_local_mirror_hands_each_slot_its_own_state(ranks):
         for step in range(3):
             stats["loss_sum"] += (rank + 1) * 0.1
             mirror.exchange(pg, CPU, step, generation=0)
-            mirror.commit(complete=True)
+            mirror.commit(True)
         return mirror.for_transfer(), stats["loss_sum"]
 
     results = ranks(3, body)
@@ -147,15 +151,50 @@ def test_local_mirror_hands_each_slot_its_own_state(ranks):
     assert replacement == {"loss_sum": results[1][1]}  # bit for bit: floats go as JSON repr
 
 
-def test_local_mirror_keeps_the_last_complete_exchange_and_says_when_it_is_stale(ranks):
+def _facade(pg, rank, world):
+    guard = StepGuard()
+    facade = StableProcessGroup(world, guard)
+    facade.bind(pg, rank, generation=0)
+    guard.enter_generation(0)
+    return facade, guard
+
+
+def test_an_abort_after_a_complete_exchange_keeps_it(ranks):
+    """The race seen under load: the controller's abort lands after the all-gather completed
+    and before the step's commit. The step commits (the optimizer ran) and so must the table,
+    or a replacement gets its local state a step behind its weights."""
+
     def body(rank, pg):
+        facade, guard = _facade(pg, rank, 2)
         counter = Counter(float(rank))
         mirror = LocalMirror(counter)
-        mirror.exchange(pg, CPU, 0, generation=0)
-        mirror.commit(complete=True)
+        guard.begin_step()
+        completed = mirror.exchange(facade, CPU, 0, generation=0)
+        guard.abort(0)
+        assert guard.poisoned
+        mirror.commit(True)
+        return completed, mirror.for_transfer()
+
+    for completed, sent in ranks(2, body):
+        assert completed and sent["step"] == 0
+        replacement = Counter(-1.0)
+        assert LocalMirror(replacement).receive(sent, slot=1, target=0) is None
+        assert replacement.value == 1.0
+
+
+def test_local_mirror_keeps_the_last_complete_exchange_and_says_when_it_is_stale(ranks):
+    def body(rank, pg):
+        facade, guard = _facade(pg, rank, 2)
+        counter = Counter(float(rank))
+        mirror = LocalMirror(counter)
+        guard.begin_step()
+        assert mirror.exchange(facade, CPU, 0, generation=0)
+        mirror.commit(True)
         counter.value += 10
-        mirror.exchange(pg, CPU, 1, generation=0)
-        mirror.commit(complete=False)  # its collective failed after the optimizer step
+        guard.begin_step()
+        guard.poison("a collective after the optimizer step failed")
+        assert not mirror.exchange(facade, CPU, 1, generation=0)
+        mirror.commit(True)  # the step still commits: the optimizer had run
         return mirror.for_transfer()
 
     sent = ranks(2, body)[0]
@@ -163,6 +202,22 @@ def test_local_mirror_keeps_the_last_complete_exchange_and_says_when_it_is_stale
     warning = LocalMirror(replacement).receive(sent, slot=1, target=1)
     assert replacement.value == 1.0
     assert warning is not None and "from step 0, the model from step 1" in warning
+
+
+def test_a_dropped_step_never_becomes_the_table(ranks):
+    def body(rank, pg):
+        mirror = LocalMirror({"n": rank})
+        assert mirror.exchange(pg, CPU, 0, generation=0)
+        mirror.commit(False)
+        return mirror.for_transfer()
+
+    assert ranks(2, body)[0] == {"step": -1, "ranks": {}}
+
+
+def test_a_malformed_table_is_a_warning_not_a_crash():
+    mirror = LocalMirror({"n": 0})
+    warning = mirror.receive({"step": 2, "ranks": {"1": "not base64!"}}, slot=1, target=2)
+    assert warning is not None and "malformed" in warning and mirror.obj == {"n": 0}
 
 
 def test_local_mirror_before_any_commit_keeps_the_initial_state():
@@ -194,16 +249,16 @@ def test_a_replacements_mirror_matches_the_survivors_in_the_next_generation(rank
     def body(rank, pg):
         mirror = LocalMirror({"v": "x" * 100 * (rank + 1)})
         mirror.exchange(pg, CPU, 0, generation=0)
-        mirror.commit(complete=True)
+        mirror.commit(True)
         if rank == 1:
             mirror = LocalMirror({"v": "y"})  # the replacement of slot 1
         mirror.exchange(pg, CPU, 1, generation=1)
-        mirror.commit(complete=True)
+        mirror.commit(True)
         return mirror.for_transfer()
 
     for sent in ranks(2, body, timeout=10):
         assert sent["step"] == 1
-        assert [decode(sent["ranks"][r].numpy().tobytes()) for r in "01"] == [
+        assert [decode(base64.b64decode(sent["ranks"][r])) for r in "01"] == [
             {"v": "x" * 100},
             {"v": "y"},
         ]

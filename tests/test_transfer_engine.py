@@ -83,3 +83,21 @@ def test_corrupted_chunk_is_detected(ranks, monkeypatch):
     monkeypatch.setattr(engine, "_checksum", flaky)
     with pytest.raises(TransferError, match="checksum"):
         _transfer(ranks)
+
+
+def test_the_sidecar_comes_from_the_lowest_source_only(ranks):
+    """Sources may hold different rank-local tables (one exchange apart); a receiver must get
+    one source's, whole, never a mix."""
+    store, token = dist.HashStore(), new_token()
+    sources, receivers = [0, 1], [2]
+
+    def body(rank, pg):
+        tracked, *_ = _replica(seed=0, steps=1)
+        state = {"step": 1, "objects": tracked.state()}
+        if rank in sources:
+            sidecar = {"step": 1 - rank, "ranks": {"0": "x" * (rank + 1)}}
+            send_state(pg, store, token, 1, state, rank, sources, receivers, 256, sidecar=sidecar)
+            return None
+        return receive_state(pg, store, token, 1, state, sources).sidecar
+
+    assert ranks(3, body)[2] == {"step": 1, "ranks": {"0": "x"}}

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from torchrelay.chaos import ChaosEvent
+from torchrelay.control.store.url import StoreSpec
 
 
 @dataclass
@@ -44,6 +45,7 @@ class JobConfig:
     master_addr: str = "127.0.0.1"
     master_port: int = 0
     stream_output: bool = True
+    state: StoreSpec = field(default_factory=StoreSpec)
 
     @property
     def world_size(self) -> int:

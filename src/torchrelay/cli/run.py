@@ -12,6 +12,7 @@ from pathlib import Path
 from torchrelay.agent.slurm import Placement, SlurmError, place, slurm_step
 from torchrelay.chaos import ChaosSpecError, parse_schedule
 from torchrelay.config import JobConfig
+from torchrelay.control.store import StoreError, StoreSpec, open_backend, parse_store_url
 from torchrelay.report.summary import render_text, summarize
 
 MAX_PROCESSES = 256
@@ -112,6 +113,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="inject a fault, e.g. kill:rank=2:step=10[:phase=backward]; actions kill, hang, "
         "freeze, stall, drop, slow, kill-node, partition (README: Fault drills; repeatable)",
     )
+    p.add_argument(
+        "--state",
+        default="memory",
+        metavar="memory|etcd://HOST:PORT[/PREFIX]",
+        help="where the job's durable state and leader election live: in this launcher's "
+        "memory (default), or an etcd v3 cluster, checked at launch (keys under /PREFIX, "
+        "default torchrelay; one prefix per job)",
+    )
     p.add_argument("--quiet", action="store_true", help="do not stream worker output")
     p.add_argument("script", help="the training script")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
@@ -166,6 +175,10 @@ def config_from_args(
         chaos = parse_schedule(args.chaos, world_size, nnodes)
     except ChaosSpecError as exc:
         raise SystemExit(f"torchrelay run: {exc}") from None
+    try:
+        state = parse_store_url(args.state)
+    except StoreError as exc:
+        raise SystemExit(f"torchrelay run: {exc}") from None
     run_dir = placement.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S")
     return JobConfig(
         script=args.script,
@@ -184,6 +197,7 @@ def config_from_args(
         master_addr=host,
         master_port=int(port),
         stream_output=not args.quiet,
+        state=state,
     )
 
 
@@ -200,10 +214,22 @@ def _check_durations(args: argparse.Namespace) -> None:
         raise SystemExit(f"torchrelay run: --max-restarts must be >= 0, not {args.max_restarts}")
 
 
+def _check_state_store(spec: StoreSpec) -> None:
+    """Reach the state store once, before anything starts; else one line and exit."""
+    try:
+        with open_backend(spec) as backend:
+            backend.check()
+    except StoreError as exc:
+        raise SystemExit(
+            f"torchrelay run: --state {spec}: {exc} (start etcd there, or use --state memory)"
+        ) from None
+
+
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     if not Path(config.script).is_file():
         raise SystemExit(f"torchrelay run: script {config.script!r} not found")
+    _check_state_store(config.state)
     # torch loads here, once the arguments are known to be good: `torchrelay --help`, the
     # operator commands and a mistyped flag never pay for it.
     from torchrelay.agent.launcher import control_port, job_token, launch

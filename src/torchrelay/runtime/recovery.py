@@ -159,20 +159,18 @@ class Recovery:
         if slot in sources:
             if self.committed != target or not self._state_valid:
                 raise RuntimeError(f"source rank {slot} is at step {self.committed}, not {target}")
-            sent: dict[str, Any] = {"step": target, "objects": own}
-            if self.local is not None:
-                # Every source holds every rank's local state: the receiver takes its slot's.
-                sent["local"] = self.local.for_transfer()
             result = send_state(
                 inner,
                 self._store,
                 self.env.token,
                 generation,
-                sent,
+                {"step": target, "objects": own},
                 slot,
                 sources,
                 receivers,
                 wait=self.guard.wait_works,
+                # Every source holds every rank's local state; the receiver takes its slot's.
+                sidecar=None if self.local is None else self.local.for_transfer(),
             )
         elif slot in receivers:
             self._state_valid = False
@@ -189,8 +187,8 @@ class Recovery:
             self.tracked.load(result.state["objects"], own)
             self.committed = int(result.state["step"])
             self._state_valid = True
-            if self.local is not None and "local" in result.state:
-                warning = self.local.receive(result.state["local"], slot, target)
+            if self.local is not None and result.sidecar is not None:
+                warning = self.local.receive(result.sidecar, slot, target)
                 if warning is not None:
                     self._warn(warning, what="local_state_inexact")
         else:

@@ -249,7 +249,7 @@ class Relay(ControlLink, Recovery, ChaosInjection):
             self.committed = step
             self._last_commit_t = time.time()
             if self.local is not None:
-                self.local.commit(not self.guard.poisoned)
+                self.local.commit(True)
             self.timer.commit()
             self._report_resumed()
             if not self.guard.poisoned and self._agreement.due(self.generation):

@@ -10,9 +10,11 @@ copy. State that differs across ranks (a per-rank loss sum) would be silently ov
   that the replacement holds exactly what the survivors hold.
 - :class:`LocalMirror` keeps small *rank-local* state (``relay.track(local=...)``) exact: at the
   end of every step each rank's local state is all-gathered (a collective of the step: if it
-  fails, the step is poisoned like any other), and the table of every rank's state as of the
-  last committed step travels with the state transfer, so a replacement receives its own
-  slot's local state.
+  fails, the step is poisoned like any other). The table of every rank's state as of the last
+  committed step whose exchange completed travels, as plain JSON inside the sealed transfer
+  schema written by one source, with the state transfer, so a replacement receives its own
+  slot's local state. It is meant for small values (counters, sums): the table is world size
+  times its size and goes through the job's store.
 
 Serialization is the transfer schema (:mod:`torchrelay.transfer.flatten`): JSON plus raw tensor
 bytes, never pickle. The collectives here go through the stable process group; every rank must
@@ -21,6 +23,7 @@ track the same objects (the collectives would not match otherwise).
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 from collections.abc import Callable
@@ -239,31 +242,48 @@ class LocalMirror:
 
     def exchange(
         self, group: dist.ProcessGroup, device: torch.device, step: int, generation: int
-    ) -> None:
-        """Gather every rank's local state as of the end of ``step`` (kept by :meth:`commit`)."""
+    ) -> bool:
+        """Gather every rank's local state as of the end of ``step``; whether it completed.
+
+        Completion is read from the collective's own result (every rank's length arrived), not
+        from the step's later health: an abort that lands after a complete exchange must not
+        discard it, or the survivors' table stays a step behind the weights. A complete
+        exchange becomes the table when :meth:`commit` says the step committed.
+        """
         if generation != self._generation:
             # The buffer size must match on every rank: a replacement starts from scratch, so
             # every member of a new generation does.
             self._generation, self._capacity = generation, 0
         payload = encode(self.state_dict())
         gathered, self._capacity = all_gather_bytes(group, payload, device, self._capacity)
-        self._pending = (step, dict(enumerate(gathered)))
+        self._pending = (step, dict(enumerate(gathered))) if gathered else None
+        return bool(gathered)
 
-    def commit(self, complete: bool) -> None:
-        """The step committed; its exchange counts only if it ``complete``d."""
-        if complete and self._pending is not None:
+    def commit(self, committed: bool) -> None:
+        """The step ``committed`` (or was dropped); a complete exchange of it becomes the table."""
+        if committed and self._pending is not None:
             self.table_step, self.table = self._pending
         self._pending = None
 
     def for_transfer(self) -> dict[str, Any]:
-        """What a source sends along with the tracked state (identical on every source)."""
-        ranks = {str(r): _as_tensor(b) for r, b in self.table.items()}
+        """The table as plain JSON, sent by one source only (see ``send_state``'s sidecar):
+        survivors can differ by one exchange (a rank that died inside the all-gather may
+        have reached some of them), so the receiver must not mix their copies."""
+        ranks = {str(r): base64.b64encode(b).decode("ascii") for r, b in self.table.items()}
         return {"step": self.table_step, "ranks": ranks}
 
     def receive(self, sent: dict[str, Any], slot: int, target: int) -> str | None:
         """Load ``slot``'s entry of a source's table; a warning line if it is not exact."""
-        ranks = {int(r): t.cpu().numpy().tobytes() for r, t in sent["ranks"].items()}
-        self.table, self.table_step = ranks, int(sent["step"])
+        try:
+            ranks = {int(r): base64.b64decode(b, validate=True) for r, b in sent["ranks"].items()}
+            step = int(sent["step"])
+            mine = decode(ranks[slot]) if slot in ranks else None
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            return (
+                f"torchrelay: slot {slot}'s local state arrived malformed ({exc}); it restarts "
+                "from its initial value"
+            )
+        self.table, self.table_step = ranks, step
         if slot not in ranks:
             if target < 0:
                 return None  # nothing was committed: the initial local state is exact
@@ -271,7 +291,7 @@ class LocalMirror:
                 f"torchrelay: no copy of slot {slot}'s local state reached the survivors; it "
                 "restarts from its initial value"
             )
-        self.load_state_dict(decode(ranks[slot]))
+        self.load_state_dict(mine)
         if self.table_step != target:
             return (
                 f"torchrelay: slot {slot}'s local state is from step {self.table_step}, the "

@@ -64,6 +64,7 @@ class TransferResult:
     bytes: int
     seconds: float
     state: Any = None
+    sidecar: Any = None
 
 
 def _checksum(piece: torch.Tensor) -> int:
@@ -150,11 +151,14 @@ def send_state(
     receivers: list[int],
     chunk_bytes: int | None = None,
     wait: WaitAll = wait_plain,
+    sidecar: Any = None,
 ) -> TransferResult:
     """Send this source's stripe of ``state`` to every receiver; returns bytes sent.
 
     Every source holds the same state, so they all derive the same ``chunk_bytes`` (unless
-    one is given) and the same stripes.
+    one is given) and the same stripes. ``sidecar`` (small, JSON-able) is what the sources
+    may hold differently: only the lowest source's goes out, inside the sealed schema, so a
+    receiver never mixes two sources' copies.
     """
     start = time.perf_counter()
     tree, tensors, specs = flatten(state)
@@ -167,6 +171,7 @@ def send_state(
             "tree": tree,
             "specs": [s.to_json() for s in specs],
             "chunk_bytes": chunk_bytes,
+            "sidecar": sidecar,
         }
         store.set(schema_key(generation), seal(schema, token))
     chunks = split_chunks(sizes, chunk_bytes)
@@ -198,11 +203,12 @@ def receive_state(
 ) -> TransferResult:
     """Receive the full state from the sources; tensors land in ``own_state``'s where they fit.
 
-    Returns the rebuilt state (``own_state``'s structure replaced by the sources'). Raises
+    Returns the rebuilt state (``own_state``'s structure replaced by the sources') and the
+    lowest source's sidecar. Raises
     :class:`TransferError` for anything unauthenticated, malformed or corrupted.
     """
     start = time.perf_counter()
-    tree, specs, chunk_bytes = _read_schema(store, token, generation)
+    tree, specs, chunk_bytes, sidecar = _read_schema(store, token, generation)
     _, own_tensors, own_specs = flatten(own_state)
     own = {spec.path: t for spec, t in zip(own_specs, own_tensors, strict=True)}
     device = comm_device(pg)
@@ -252,13 +258,13 @@ def receive_state(
             f"the state schema of generation {generation} is malformed: {exc}"
         ) from None
     received = sum(v.numel() for v in views)
-    return TransferResult(received, time.perf_counter() - start, state)
+    return TransferResult(received, time.perf_counter() - start, state, sidecar)
 
 
 def _read_schema(
     store: dist.Store, token: str, generation: int
-) -> tuple[Any, list[TensorSpec], int]:
-    """The sealed schema of ``generation``: (tree, tensor specs, chunk bytes).
+) -> tuple[Any, list[TensorSpec], int, Any]:
+    """The sealed schema of ``generation``: (tree, tensor specs, chunk bytes, sidecar).
 
     Anyone who can reach the store can write the key, so the schema is acted on only if its
     MAC verifies and it names this generation (an old generation's schema replayed here does
@@ -272,7 +278,7 @@ def _read_schema(
         chunk_bytes = int(schema["chunk_bytes"])
         if chunk_bytes < 1:
             raise ValueError(f"chunk size {chunk_bytes}")
-        return schema["tree"], specs, chunk_bytes
+        return schema["tree"], specs, chunk_bytes, schema.get("sidecar")
     except (WireError, SchemaError, KeyError, TypeError, ValueError) as exc:
         raise TransferError(
             f"the state schema of generation {generation} was rejected: {exc}"
