@@ -85,11 +85,11 @@ class Controller:
 
     def outbox(self, process: str) -> Outbox:
         """The message stream of ``process`` (what :meth:`watch` serves)."""
-        return self._executor.process_outboxes[process]
+        return self._executor.outbox(process)
 
     def node_outbox(self, node: str) -> Outbox:
         """The command stream of node agent ``node`` (what :meth:`watch_node` serves)."""
-        return self._executor.node_outboxes[node]
+        return self._executor.node_outbox(node)
 
     def hang_timeout(self) -> float:
         """Heartbeat silence that means a hang: a multiple of the job's median step time."""
@@ -190,7 +190,6 @@ class Controller:
         with self._transition():
             job = self.job
             actions = membership.join(job, self.config, process, role, pid, node, slot, time.time())
-            self._executor.open_process(process)
             self._apply(actions)
             return {
                 "world_size": self.config.world_size,
@@ -204,7 +203,7 @@ class Controller:
         says its stream may end once the outbox is empty: the process is dead or fenced."""
         with self._cond:
             member = self.job.member(process)
-            outbox = self._executor.process_outboxes[process]
+            outbox = self._executor.outbox(process)
         return outbox, lambda: member.state in GONE
 
     def report(self, process: str, kind: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -249,7 +248,7 @@ class Controller:
         """
         with self._cond:
             entry = nodes.node_of(self.job, node)
-            outbox = self._executor.node_outboxes[node]
+            outbox = self._executor.node_outbox(node)
         return outbox, lambda: not entry.alive
 
     def node_stream_closed(self, node: str) -> None:

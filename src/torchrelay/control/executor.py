@@ -52,22 +52,24 @@ class Executor:
         self.process_outboxes: dict[str, Outbox] = {}
         self.node_outboxes: dict[str, Outbox] = {}
 
-    def open_process(self, process: str) -> Outbox:
-        """A new outbox for a process that joined."""
-        self.process_outboxes[process] = Outbox()
-        return self.process_outboxes[process]
+    def outbox(self, process: str) -> Outbox:
+        """The outbox of ``process``, made on first use (a process joins once)."""
+        return self.process_outboxes.setdefault(process, Outbox())
 
-    def open_node(self, node: str) -> Outbox:
-        """A new outbox for a node agent that joined (again: the old stream is over)."""
+    def node_outbox(self, node: str) -> Outbox:
+        """The outbox of node agent ``node``, made on first use."""
+        return self.node_outboxes.setdefault(node, Outbox())
+
+    def open_node(self, node: str) -> None:
+        """A node agent joined (again): a fresh outbox, its old stream is over."""
         self.node_outboxes[node] = Outbox()
-        return self.node_outboxes[node]
 
     def apply(self, actions: Iterable[Action]) -> None:
         for action in actions:
             if isinstance(action, Send):
-                self.process_outboxes[action.process].put(action.message)
+                self.outbox(action.process).put(action.message)
             elif isinstance(action, SendToNode):
-                self.node_outboxes[action.node].put(action.command)
+                self.node_outbox(action.node).put(action.command)
             elif isinstance(action, SignalLocal):
                 self.agent.kill(action.process, action.signum)
             elif isinstance(action, StartLocalSpare):
