@@ -121,11 +121,11 @@ def _exit_after_training(job: JobState, member: Member, output_tail: OutputTail)
     processes exit with 0: a failure in the script's final work (saving) fails it."""
     if member.slot is None or job.assignments.get(member.slot) != member.process:
         return []  # a spare leaving at the end
-    verdict, slot = finish_verdict({m.slot: m.returncode for m in job.slot_members()})  # type: ignore[misc]
+    verdict, slot = finish_verdict({s: m.returncode for s, m in job.by_slot().items()})
     if verdict == "succeeded":
         return succeed(job)
-    if verdict == "failed":
-        failed = job.members[job.assignments[slot]]  # type: ignore[index]
+    if verdict == "failed" and slot is not None:
+        failed = job.by_slot()[slot]
         return fail(
             job,
             after_loop_reason(slot, failed.process, failed.returncode),  # type: ignore[arg-type]

@@ -126,8 +126,8 @@ def _collective_lost(
 
 def _check_stragglers(job: JobState, config: JobConfig) -> list[Action]:
     compute = {
-        m.slot: m.timings["compute_seconds"]
-        for m in job.slot_members()
+        slot: m.timings["compute_seconds"]
+        for slot, m in job.by_slot().items()
         if "compute_seconds" in m.timings
     }
     if len(compute) < 2:
@@ -136,7 +136,7 @@ def _check_stragglers(job: JobState, config: JobConfig) -> list[Action]:
     for slot, seconds in compute.items():
         peers = statistics.median(v for s, v in compute.items() if s != slot)
         slow = seconds > config.straggler_ratio * peers and seconds - peers > 0.01
-        process = job.assignments[slot]  # type: ignore[index]
+        process = job.assignments[slot]
         if slow and process not in job.stragglers:
             job.stragglers[process] = {
                 "slot": slot,

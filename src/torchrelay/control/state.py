@@ -291,6 +291,10 @@ class JobState:
     def slot_members(self) -> list[Member]:
         return [self.members[p] for p in self.assignments.values()]
 
+    def by_slot(self) -> dict[int, Member]:
+        """The member that fills each slot."""
+        return {slot: self.members[p] for slot, p in self.assignments.items()}
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "local_node": self.local_node,
