@@ -14,6 +14,7 @@ from torchrelay.config import JobConfig
 from torchrelay.control.client import SERVICE, ControlClient, ControlError
 from torchrelay.control.controller import Controller
 from torchrelay.control.service import ControlServer
+from torchrelay.control.state import MemberState
 from torchrelay.control.wire import new_token, seal
 from torchrelay.ledger import Ledger, read_ledger
 from torchrelay.report.summary import summarize
@@ -144,7 +145,7 @@ def test_silent_node_is_declared_lost_and_then_fenced_out(job):
     assert controller.wait_until(lambda: not controller.nodes["node1"].alive, timeout=10)
     lost = next(e for e in read_ledger(run_dir / "ledger.jsonl") if e["event"] == "node_lost")
     assert lost["processes"] == ["worker1"] and "no heartbeat" in lost["reason"]
-    assert controller.members["worker1"].state == "fenced"
+    assert controller.members["worker1"].state is MemberState.FENCED
     # The isolated side comes back: its agent and its worker are refused.
     for call in (
         lambda: agent1.node_report("node1", "heartbeat"),
@@ -178,7 +179,7 @@ def test_operator_drills_are_routed_and_bad_ones_refused(job):
     commands: list[dict] = []
 
     def agent_answers() -> None:  # what RemoteNode does: say, then act
-        commands.append(controller.nodes["node1"].outbox.get(timeout=10))
+        commands.append(controller.node_outbox("node1").get(timeout=10))
         node_agent.node_report("node1", "chaos", fault="partition", ok=False, error="no nft")
 
     answering = threading.Thread(target=agent_answers)
@@ -200,9 +201,9 @@ def test_scheduled_node_fault_goes_to_the_node_agent_at_its_step(job):
     assert joined["chaos"] == []  # node faults are the controller's, never a worker's
     worker.report("max_steps", max_steps=10)
     worker.report("progress", generation=0, step=3)
-    assert controller.nodes["node1"].outbox.empty()
+    assert controller.node_outbox("node1").empty()
     worker.report("progress", generation=0, step=4)  # the job now runs step 5
-    assert controller.nodes["node1"].outbox.get_nowait()["fault"] == "kill-node"
+    assert controller.node_outbox("node1").get_nowait()["fault"] == "kill-node"
     fired = [e for e in read_ledger(run_dir / "ledger.jsonl") if e["event"] == "chaos_fired"]
     assert [(e["action"], e["node"]) for e in fired] == [("kill-node", 1)]
     assert not controller.chaos_pending
@@ -309,7 +310,7 @@ def test_watch_ends_when_its_process_dies_and_a_closed_node_stream_loses_the_nod
     agent = client("agent@node1")
     agent.node_join("node1")
     commands = agent.node_watch("node1")
-    controller.nodes["node1"].outbox.put({"type": "start_spare"})
+    controller.node_outbox("node1").put({"type": "start_spare"})
     assert next(commands) == {"type": "start_spare"}
     agent.close()  # the agent's connection closes without a finish
     assert controller.wait_until(lambda: not controller.nodes["node1"].alive, timeout=60)

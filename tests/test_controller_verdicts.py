@@ -154,7 +154,7 @@ def test_no_spare_on_its_way_stops_at_once_naming_the_step_in_flight(make):
     start(controller, steps=39, spare=False)
     controller.on_exit("worker1", -9)
     # The survivor was aborted; its halted report tells the exact last commit.
-    until(lambda: "abort" in [m["type"] for m in controller.members["worker0"].outbox.pending()])
+    until(lambda: "abort" in [m["type"] for m in controller.outbox("worker0").pending()])
     controller.report("worker0", "halted", {"generation": 0, "committed": 39, "in_flight": 40})
     outcome = controller.wait_finished(timeout=30)
     assert outcome is not None and outcome["status"] == "failed"
@@ -199,7 +199,7 @@ def test_a_recovery_past_its_deadline_is_replanned_then_stops_with_the_reason(ma
     assert overdue["reason"].startswith("the recovery into generation 1 did not finish within 2 s")
     assert "rank 1 (spare0) never reported comm_ready" in overdue["reason"]
     for process in ("worker0", "spare0"):
-        outbox = controller.members[process].outbox
+        outbox = controller.outbox(process)
         until(lambda: {"type": "abort", "generation": 1} in outbox.pending())  # noqa: B023
         controller.report(process, "halted", {"generation": 1, "committed": 7, "in_flight": None})
     until(lambda: controller.generation == 2)

@@ -20,6 +20,7 @@ from torchrelay.agent.signals import ALONGSIDE, STOP_SIGNALS, StopSignals
 from torchrelay.config import JobConfig
 from torchrelay.control.controller import Controller
 from torchrelay.control.service import ControlServer
+from torchrelay.control.state import Role
 from torchrelay.control.wire import new_token
 from torchrelay.ledger import Ledger
 
@@ -62,7 +63,7 @@ class Launch:
 
     def _label(self, process: str) -> str:
         member = self.controller.members.get(process)
-        if member is not None and member.slot is not None and process.startswith("spare"):
+        if member is not None and member.slot is not None and member.role is Role.SPARE:
             return f"rank{member.slot}<{process}"
         return process.replace("worker", "rank")
 

@@ -28,7 +28,8 @@ from typing import Any, TypeVar
 import grpc
 
 from torchrelay.control.client import SERVICE
-from torchrelay.control.controller import Controller, FencedError, ProtocolError
+from torchrelay.control.controller import Controller
+from torchrelay.control.errors import FencedError, ProtocolError
 from torchrelay.control.outbox import Outbox
 from torchrelay.control.replay import FRESHNESS_WINDOW, ReplayGuard
 from torchrelay.control.wire import MAX_MESSAGE_BYTES, WireError, open_sealed, seal
@@ -252,7 +253,7 @@ class ControlServer:
     ) -> AsyncIterator[dict[str, Any]]:
         """A process's messages (abort, plan, finish) in order, until it should stop.
 
-        Ends after a ``finish`` or ``fenced`` message, or once the process is dead or fenced
+        Ends after a ``finish`` message, or once the process is dead or fenced
         and nothing is left for it; the client closing the stream cancels it.
         """
         while True:
@@ -262,7 +263,7 @@ class ControlServer:
                     return
                 continue
             yield message
-            if message["type"] in ("finish", "fenced"):
+            if message["type"] == "finish":
                 return
 
     async def _node_commands(

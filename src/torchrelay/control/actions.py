@@ -1,0 +1,77 @@
+"""What a transition asks the outside world to do, as plain values.
+
+Transitions (membership, departures, liveness, recovery_steps, drills, nodes) decide and return
+a list of these; :class:`torchrelay.control.executor.Executor` carries them out in order. A
+transition that refuses a request raises :class:`Refused`, with the actions (a ledger line) to
+carry out before the caller gets the error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Send:
+    """Put ``message`` (abort, plan, finish) on ``process``'s watch stream."""
+
+    process: str
+    message: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class SendToNode:
+    """Put ``command`` (start_spare, signal, chaos, finish) on a remote node agent's stream."""
+
+    node: str
+    command: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class SignalLocal:
+    """Have the controller's own node agent send ``signum`` to ``process``."""
+
+    process: str
+    signum: int
+
+
+@dataclass(frozen=True)
+class StartLocalSpare:
+    """Have the controller's own node agent start one spare process."""
+
+
+@dataclass(frozen=True)
+class Record:
+    """Append ``event`` with ``fields`` to the ledger."""
+
+    event: str
+    fields: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class EndJob:
+    """The job ended with ``outcome``: record ``job_end`` (with the refused-request counts)."""
+
+    outcome: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class StartRecovery:
+    """Make sure the recovery coordinator runs (it decides from the state what to do)."""
+
+
+Action = Send | SendToNode | SignalLocal | StartLocalSpare | Record | EndJob | StartRecovery
+
+
+def record(event: str, **fields: Any) -> Record:
+    return Record(event, fields)
+
+
+class Refused(Exception):
+    """A transition refused a request: carry out ``actions``, then raise ``error``."""
+
+    def __init__(self, error: Exception, actions: list[Action]) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.actions = actions

@@ -1,0 +1,85 @@
+"""Carries out the transitions' actions: the one place where decisions touch the world.
+
+It owns what cannot be plain state: the outbox of every process and node agent (their watch
+streams read them), the local node agent, the ledger and the refused-request counter. Actions
+are applied in order, under the controller's lock; none of them blocks (an outbox put and a
+ledger append return at once, the agent only sends a signal or starts a process).
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable, Iterable
+from typing import Protocol
+
+from torchrelay.control.actions import (
+    Action,
+    EndJob,
+    Record,
+    Send,
+    SendToNode,
+    SignalLocal,
+    StartLocalSpare,
+    StartRecovery,
+)
+from torchrelay.control.outbox import Outbox
+from torchrelay.control.rejections import Rejections
+from torchrelay.ledger import Ledger
+
+
+class AgentHandle(Protocol):
+    """What the controller needs from the node agent on its own node."""
+
+    def start_spare(self) -> None: ...
+
+    def kill(self, process: str, signum: int = signal.SIGKILL) -> None: ...
+
+
+class Executor:
+    """Applies actions; ``start_recovery`` is called for :class:`StartRecovery`."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        agent: AgentHandle,
+        rejections: Rejections,
+        start_recovery: Callable[[], None],
+    ) -> None:
+        self.ledger = ledger
+        self.agent = agent
+        self.rejections = rejections
+        self._start_recovery = start_recovery
+        self.process_outboxes: dict[str, Outbox] = {}
+        self.node_outboxes: dict[str, Outbox] = {}
+
+    def outbox(self, process: str) -> Outbox:
+        """The outbox of ``process``, made on first use (a process joins once)."""
+        return self.process_outboxes.setdefault(process, Outbox())
+
+    def node_outbox(self, node: str) -> Outbox:
+        """The outbox of node agent ``node``, made on first use."""
+        return self.node_outboxes.setdefault(node, Outbox())
+
+    def open_node(self, node: str) -> None:
+        """A node agent joined (again): a fresh outbox, its old stream is over."""
+        self.node_outboxes[node] = Outbox()
+
+    def apply(self, actions: Iterable[Action]) -> None:
+        for action in actions:
+            if isinstance(action, Send):
+                self.outbox(action.process).put(action.message)
+            elif isinstance(action, SendToNode):
+                self.node_outbox(action.node).put(action.command)
+            elif isinstance(action, SignalLocal):
+                self.agent.kill(action.process, action.signum)
+            elif isinstance(action, StartLocalSpare):
+                self.agent.start_spare()
+            elif isinstance(action, Record):
+                self.ledger.record(action.event, **action.fields)
+            elif isinstance(action, EndJob):
+                counts = self.rejections.counts()
+                self.ledger.record("job_end", **action.outcome, rejected_requests=counts)
+            elif isinstance(action, StartRecovery):
+                self._start_recovery()
+            else:
+                raise TypeError(f"unknown action {action!r}")

@@ -1,0 +1,309 @@
+"""The recovery's decisions, one step at a time, as a pure function of the job's state.
+
+A recovery (a :class:`~torchrelay.control.state.Round`) goes through
+:class:`~torchrelay.control.state.RecoveryStep`:
+
+1. start: abort the survivors, kill the failed processes, ``recovery_start``, top up spares;
+2. ``SPARES``: wait until enough spares are ready (``--spare-timeout``); if none can come,
+   ``ABANDON``: wait for the survivors' halts (they name the step in flight), then fail;
+3. ``HALT``: wait until every survivor halted (``--halt-timeout``), then publish the plan;
+4. ``DONE``: wait until every member committed its first step (``recovery_done``); a plan not
+   carried out in time, a member that could not enter it, or a new failure supersede it.
+
+A new failure before the plan supersedes the round too; the next round carries its failures and
+steps in flight over. :func:`advance` takes every step that can be decided now and says when to
+decide again if nothing changes meanwhile; the coordinator thread waits on the controller's
+condition until then.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable
+
+from torchrelay.config import JobConfig
+from torchrelay.control.actions import Action, Send, record
+from torchrelay.control.drills import chaos_for
+from torchrelay.control.endings import fail, finish_if_all_done
+from torchrelay.control.nodes import signal as signal_process
+from torchrelay.control.planner import PlanningError, Spare, choose_replacements, plan_recovery
+from torchrelay.control.spares import none_will_come, ready_spares, top_up
+from torchrelay.control.state import JobState, Member, MemberState, RecoveryStep, Round, move
+from torchrelay.control.verdicts import (
+    no_spare_reason,
+    overdue_reason,
+    recovery_deadline,
+    survivor_gaps,
+)
+
+
+def advance(job: JobState, config: JobConfig, now: float) -> tuple[list[Action], float | None]:
+    """Take every recovery step that can be decided at ``now``.
+
+    Returns the actions and when to decide again if nothing changes before (a deadline), or
+    ``None`` when no recovery is wanted any more (or the job ended).
+    """
+    actions: list[Action] = []
+    while not job.finished:
+        current = job.recovery.current
+        if current is None or current.step is RecoveryStep.SUPERSEDED:
+            if not job.recovery.pending:
+                break
+            actions += _start(job, config, now)
+            continue
+        wake = STEPS[current.step](job, config, current, now, actions)
+        if wake is not None:
+            return actions, wake
+    return actions, None
+
+
+def _start(job: JobState, config: JobConfig, now: float) -> list[Action]:
+    recovery = job.recovery
+    failures = dict(recovery.failed)
+    if recovery.replan is not None:
+        recovery.replans += 1
+        if recovery.replans > config.max_restarts:
+            return fail(
+                job, f"recovery failed {recovery.replans} times in a row; last: {recovery.replan}"
+            )
+    recovery.replan = None
+    reform, recovery.reform = recovery.reform, None
+    previous = recovery.current
+    merged = (previous.failures if previous else []) + list(failures.values())
+    merged += [reform] if reform is not None else []
+    survivors = [m for m in job.slot_members() if m.slot not in failures]
+    current = Round(
+        merged,
+        min((f["t"] for f in merged), default=now),
+        slots=sorted(failures),
+        survivors=[m.process for m in survivors],
+        step_since=now,
+        step_limit=config.spare_timeout,
+    )
+    if previous is not None:
+        current.in_flight = set(previous.in_flight)
+    recovery.current = current
+    abort = {"type": "abort", "generation": job.generation}
+    actions: list[Action] = [Send(m.process, abort) for m in survivors]
+    for failure in failures.values():
+        actions += signal_process(job, failure["process"], signal.SIGKILL)
+    actions.append(
+        record("recovery_start", generation=job.generation, slots=current.slots, t=current.detected)
+    )
+    return actions + top_up(job, config, len(failures))
+
+
+def _interrupted(job: JobState, current: Round) -> bool:
+    """A failure came in after the round started: start over with all of them."""
+    return sorted(job.recovery.failed) != current.slots
+
+
+def _halted(job: JobState, current: Round) -> list[Member]:
+    """The survivors that have not halted yet."""
+    survivors = [job.members[p] for p in current.survivors]
+    return [m for m in survivors if m.state is not MemberState.HALTED]
+
+
+def _next_step(current: Round, step: RecoveryStep, now: float, limit: float) -> None:
+    current.step, current.step_since, current.step_limit = step, now, limit
+
+
+Step = Callable[[JobState, JobConfig, Round, float, list[Action]], float | None]
+
+
+def _await_spares(
+    job: JobState, config: JobConfig, current: Round, now: float, actions: list[Action]
+) -> float | None:
+    needed = len(current.slots)
+    if _interrupted(job, current):
+        current.step = RecoveryStep.SUPERSEDED
+    elif len(ready_spares(job)) >= needed:
+        current.spare_ready = now
+        _next_step(current, RecoveryStep.HALT, now, config.halt_timeout)
+    elif none_will_come(job, needed):
+        _next_step(current, RecoveryStep.ABANDON, now, config.halt_timeout)
+    elif now >= current.deadline:
+        actions += fail(
+            job,
+            f"no spare became ready within {config.spare_timeout:.0f} s to replace "
+            f"slot(s) {current.slots} (started with --spares {config.spares}); "
+            "raise --spares or --spare-timeout",
+        )
+    else:
+        return current.deadline
+    return None
+
+
+def _await_halt(
+    job: JobState, config: JobConfig, current: Round, now: float, actions: list[Action]
+) -> float | None:
+    stuck = _halted(job, current)
+    if _interrupted(job, current):
+        current.step = RecoveryStep.SUPERSEDED
+    elif not stuck:
+        current.halted = now
+        actions += _publish_plan(job, config, current, now)
+    elif now >= current.deadline:
+        actions += fail(
+            job,
+            f"survivor slot(s) {sorted(m.slot for m in stuck)} did not stop their step within "  # type: ignore[type-var]
+            f"{config.halt_timeout:.0f} s after the failure",
+        )
+    else:
+        return current.deadline
+    return None
+
+
+def _abandon(
+    job: JobState, config: JobConfig, current: Round, now: float, actions: list[Action]
+) -> float | None:
+    """No spare can replace the failed slots: stop now, naming the step in flight. The
+    survivors' halted reports (they were aborted, they stop within milliseconds) tell the
+    last step committed exactly; heartbeats alone lag behind."""
+    waiting = not _interrupted(job, current) and _halted(job, current)
+    if waiting and now < current.deadline:
+        return current.deadline
+    step = job.highest_committed + 1
+    causes = {slot: str(job.recovery.failed[slot]["cause"]) for slot in current.slots}
+    reason = no_spare_reason(causes, step, config.spares)
+    actions.append(record("recovery_abandoned", slots=current.slots, step=step, reason=reason))
+    actions += fail(job, reason)
+    return None
+
+
+def _publish_plan(job: JobState, config: JobConfig, current: Round, now: float) -> list[Action]:
+    failures = {slot: job.recovery.failed[slot] for slot in current.slots}
+    survivors = [job.members[p] for p in current.survivors]
+    spares = [Spare(m.process, m.node) for m in ready_spares(job)]
+    nodes = {m.slot: m.node for m in job.slot_members() if m.slot is not None}
+    try:
+        replacements = choose_replacements(
+            {slot: job.members[f["process"]].node for slot, f in failures.items()}, spares, nodes
+        )
+        plan = plan_recovery(
+            job.generation,
+            job.assignments,
+            replacements,
+            {m.slot: m.committed for m in survivors},  # type: ignore[misc]
+            job.highest_committed,
+            frozenset(m.slot for m in survivors if not m.valid),  # type: ignore[misc]
+        )
+    except PlanningError as exc:
+        return fail(job, str(exc))
+    current.plan, current.planned = plan, now
+    # Never a silent wait: a plan not carried out in time is abandoned and re-planned.
+    limit = recovery_deadline(config.halt_timeout, job.hang_timeout)
+    _next_step(current, RecoveryStep.DONE, now, limit)
+    job.generation = plan.generation
+    job.assignments = dict(plan.assignments)
+    job.recovery.failed.clear()
+    message = {
+        "type": "plan",
+        "generation": plan.generation,
+        "target_step": plan.target_step,
+        "sources": list(plan.sources),
+        "receivers": list(plan.receivers),
+        "assignments": {str(k): v for k, v in plan.assignments.items()},
+    }
+    actions: list[Action] = []
+    for slot, process in plan.assignments.items():
+        member = job.members[process]
+        move(member, MemberState.ACTIVE)
+        member.slot, member.generation = slot, plan.generation
+        if slot in plan.receivers:
+            member.claims.clear()  # its state is replaced: back to the target step
+        # A fresh start for the detector: the old step's progress means nothing now.
+        member.last_seen, member.step_age, member.waiting = now, None, None
+        actions.append(Send(process, {**message, "slot": slot, "chaos": chaos_for(job, slot)}))
+    planned = record(
+        "recovery_planned",
+        generation=plan.generation,
+        target_step=plan.target_step,
+        sources=list(plan.sources),
+        receivers=list(plan.receivers),
+        replaced={str(k): v for k, v in plan.replaced.items()},
+        lost_steps=plan.lost_steps,
+    )
+    return [*actions, planned, *top_up(job, config, 0)]
+
+
+def _await_done(
+    job: JobState, config: JobConfig, current: Round, now: float, actions: list[Action]
+) -> float | None:
+    plan, recovery = current.plan, job.recovery
+    assert plan is not None
+    started = set(current.phases.get("first_step", {}))
+    settled = (
+        bool(recovery.failed) or recovery.replan is not None or set(plan.assignments) <= started
+    )
+    if not settled and now < current.deadline:
+        return current.deadline
+    if not settled:
+        phases = {phase: set(done) for phase, done in current.phases.items()}
+        recovery.replan = overdue_reason(
+            plan.generation, current.step_limit, plan.assignments, phases
+        )
+        actions.append(
+            record("recovery_failed", generation=plan.generation, reason=recovery.replan)
+        )
+    if recovery.failed or recovery.replan is not None:
+        # One recovery covers every failure until the job runs again.
+        actions.append(record("recovery_superseded", generation=plan.generation))
+        current.step = RecoveryStep.SUPERSEDED
+        return None
+    recovery.replans = 0
+    actions.append(_recovery_done(job, current))
+    recovery.current = None
+    actions += finish_if_all_done(job)
+    return None
+
+
+def _recovery_done(job: JobState, current: Round) -> Action:
+    plan = current.plan
+    assert plan is not None
+
+    def latest(phase: str) -> float:
+        return max(v["t"] for v in current.phases.get(phase, {0: {"t": 0.0}}).values())
+
+    transfers = current.phases.get("transfer_done", {})
+    received = sum(int(v.get("bytes", 0)) for s, v in transfers.items() if s in plan.receivers)
+    timeline = {
+        "detected": current.detected,
+        "spare_ready": current.spare_ready,
+        "halted": current.halted,
+        "planned": current.planned,
+        "comm_ready": latest("comm_ready"),
+        "transfer_done": latest("transfer_done"),
+        "first_step": latest("first_step"),
+    }
+    last_commits = {
+        slot: job.members[process].last_commit_t
+        for slot, process in plan.assignments.items()
+        if slot not in plan.replaced
+    }
+    first_commits = {slot: v["t"] for slot, v in current.phases.get("first_step", {}).items()}
+    return record(
+        "recovery_done",
+        generation=plan.generation,
+        slots=sorted(plan.replaced),
+        failures=current.failures,
+        target_step=plan.target_step,
+        timeline=timeline,
+        recovery_seconds=timeline["first_step"] - timeline["detected"],
+        stall_seconds=timeline["first_step"] - min(f["onset"] for f in current.failures),
+        # The stall as each survivor saw it, detection included (the above starts later).
+        survivor_gap_seconds=survivor_gaps(last_commits, first_commits),
+        bytes_transferred=received,
+        lost_steps=plan.lost_steps,
+        recomputed_steps=len({s for s in current.in_flight if s > plan.target_step}),
+        sources=list(plan.sources),
+        receivers=list(plan.receivers),
+    )
+
+
+STEPS: dict[RecoveryStep, Step] = {
+    RecoveryStep.SPARES: _await_spares,
+    RecoveryStep.HALT: _await_halt,
+    RecoveryStep.ABANDON: _abandon,
+    RecoveryStep.DONE: _await_done,
+}
