@@ -12,6 +12,8 @@ from typing import Any
 from torchrelay.config import JobConfig
 from torchrelay.control import departures, membership, recovery_steps
 from torchrelay.control.actions import Action, EndJob, Record, Send
+from torchrelay.control.controller import Controller
+from torchrelay.control.protocol import JoinRequest, decode_report
 from torchrelay.control.state import JobState
 
 MAX_STEPS = 5
@@ -40,11 +42,14 @@ class Driver:
         return actions
 
     def join(self, process: str, role: str = "worker", slot: int | None = None) -> None:
-        self.take(membership.join(self.job, self.config, process, role, 1, "node0", slot, self.now))
+        request = JoinRequest(role=role, pid=1, node="node0", slot=slot)
+        self.take(membership.join(self.job, self.config, process, request, self.now))
 
     def report(self, process: str, kind: str, **body: Any) -> list[Action]:
+        """A report as the server hands it over: decoded from its wire body."""
         body.setdefault("generation", self.job.members[process].generation)
-        return self.take(membership.report(self.job, process, kind, body, self.now))
+        message = decode_report({"kind": kind, **body})
+        return self.take(membership.report(self.job, process, message, self.now))
 
     def exit(self, process: str, returncode: int) -> list[Action]:
         actions = departures.on_exit(
@@ -68,12 +73,39 @@ class Driver:
             self.report("spare0", "ready")
 
     def events(self, name: str) -> list[dict[str, Any]]:
-        return [a.fields for a in self.actions if isinstance(a, Record) and a.event == name]
+        """The fields of every ``name`` event recorded (with ``t`` where the event set one)."""
+        return [fields(a) for a in self.actions if isinstance(a, Record) and name == a.event.TAG]
 
     def sent(self, process: str) -> list[dict[str, Any]]:
-        return [a.message for a in self.actions if isinstance(a, Send) and a.process == process]
+        """What went on ``process``'s watch stream, as on the wire."""
+        return [
+            a.message.to_wire()
+            for a in self.actions
+            if isinstance(a, Send) and a.process == process
+        ]
 
     def outcome(self) -> dict[str, Any] | None:
         ends = [a.outcome for a in self.actions if isinstance(a, EndJob)]
         assert len(ends) <= 1, "the job ended twice"
         return ends[0] if ends else None
+
+
+def fields(record: Record) -> dict[str, Any]:
+    """A recorded event's fields as its ledger line has them, less ``event`` (and ``t`` when
+    the line gets the time of writing)."""
+    line = record.event.to_plain()
+    del line["event"]
+    if line["t"] is None:
+        del line["t"]
+    return line
+
+
+def report_to(controller: Controller, process: str, kind: str, body: dict[str, Any]) -> None:
+    """Hand ``controller`` a report as its server would: decoded from the wire body."""
+    controller.report(process, decode_report({"kind": kind, **body}))
+
+
+def join_to(
+    controller: Controller, process: str, role: str, pid: int, node: str, slot: int | None
+) -> None:
+    controller.join(process, JoinRequest(role=role, pid=pid, node=node, slot=slot))

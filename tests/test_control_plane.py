@@ -13,6 +13,7 @@ from torchrelay.chaos import parse_schedule
 from torchrelay.config import JobConfig
 from torchrelay.control.client import SERVICE, ControlClient, ControlError
 from torchrelay.control.controller import Controller
+from torchrelay.control.protocol import ChaosNotice, NodeExit, NodeHeartbeat, Plan, StartSpare
 from torchrelay.control.service import ControlServer
 from torchrelay.control.state import MemberState
 from torchrelay.control.wire import new_token, seal
@@ -111,8 +112,8 @@ def test_stale_generation_is_fenced_after_recovery(job):
     w0.report("halted", generation=0, committed=4, in_flight=5)
     assert controller.wait_until(lambda: controller.generation == 1, timeout=10)
 
-    plan = next(m for m in iter(spare.watch()) if m["type"] == "plan")
-    assert plan["slot"] == 1 and plan["target_step"] == 4 and plan["sources"] == [0]
+    plan = next(m for m in iter(spare.watch()) if isinstance(m, Plan))
+    assert plan.slot == 1 and plan.target_step == 4 and plan.sources == (0,)
     assert agent.fenced == ["worker1"] and agent.spares_started == 1  # pool refilled
 
     with pytest.raises(ControlError) as err:  # the old worker 1 comes back
@@ -136,10 +137,10 @@ def test_silent_node_is_declared_lost_and_then_fenced_out(job):
     controller, _, client, run_dir, _ = job
     controller.config.node_timeout = 1.5
     agent1 = client("agent@node1")
-    assert agent1.node_join("node1")["node_timeout"] == 1.5
+    assert agent1.node_join("node1").node_timeout == 1.5
     w1 = client("worker1")
     w1.join("worker", 7, "node1", 1)
-    agent1.node_report("node1", "heartbeat")
+    agent1.node_report("node1", NodeHeartbeat())
     controller.start_monitor(interval=0.1)
     # No more heartbeats from node1: it is declared lost after the node timeout.
     assert controller.wait_until(lambda: not controller.nodes["node1"].alive, timeout=10)
@@ -148,8 +149,8 @@ def test_silent_node_is_declared_lost_and_then_fenced_out(job):
     assert controller.members["worker1"].state is MemberState.FENCED
     # The isolated side comes back: its agent and its worker are refused.
     for call in (
-        lambda: agent1.node_report("node1", "heartbeat"),
-        lambda: agent1.node_report("node1", "exit", exited="worker1", returncode=0),
+        lambda: agent1.node_report("node1", NodeHeartbeat()),
+        lambda: agent1.node_report("node1", NodeExit(exited="worker1", returncode=0)),
         lambda: w1.report("progress", generation=0, step=9),
     ):
         with pytest.raises(ControlError) as err:
@@ -180,7 +181,8 @@ def test_operator_drills_are_routed_and_bad_ones_refused(job):
 
     def agent_answers() -> None:  # what RemoteNode does: say, then act
         commands.append(controller.node_outbox("node1").get(timeout=10))
-        node_agent.node_report("node1", "chaos", fault="partition", ok=False, error="no nft")
+        notice = ChaosNotice(fault="partition", ok=False, error="no nft")
+        node_agent.node_report("node1", notice)
 
     answering = threading.Thread(target=agent_answers)
     answering.start()
@@ -198,7 +200,7 @@ def test_scheduled_node_fault_goes_to_the_node_agent_at_its_step(job):
     client("agent@node1").node_join("node1")
     worker = client("worker0")
     joined = worker.join("worker", 1, "node0", 0)
-    assert joined["chaos"] == []  # node faults are the controller's, never a worker's
+    assert joined.chaos == ()  # node faults are the controller's, never a worker's
     worker.report("max_steps", max_steps=10)
     worker.report("progress", generation=0, step=3)
     assert controller.node_outbox("node1").empty()
@@ -311,7 +313,7 @@ def test_watch_ends_when_its_process_dies_and_a_closed_node_stream_loses_the_nod
     agent.node_join("node1")
     commands = agent.node_watch("node1")
     controller.node_outbox("node1").put({"type": "start_spare"})
-    assert next(commands) == {"type": "start_spare"}
+    assert next(commands) == StartSpare()
     agent.close()  # the agent's connection closes without a finish
     assert controller.wait_until(lambda: not controller.nodes["node1"].alive, timeout=60)
     lost = [e for e in read_ledger(run_dir / "ledger.jsonl") if e["event"] == "node_lost"]

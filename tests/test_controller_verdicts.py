@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
+from tests.fsm import join_to, report_to
 from torchrelay.config import JobConfig
 from torchrelay.control.controller import Controller
 from torchrelay.ledger import Ledger, read_ledger
@@ -62,14 +63,14 @@ MAX_STEPS = 5  # every job here runs steps 0..4 (``done`` at 4)
 def start(controller: Controller, steps: int = -1, spare: bool = True) -> None:
     """Two workers (and a ready spare) that committed up to ``steps``."""
     for slot in (0, 1):
-        controller.join(f"worker{slot}", "worker", 100 + slot, "node0", slot)
+        join_to(controller, f"worker{slot}", "worker", 100 + slot, "node0", slot)
         if steps >= 0:
             declared = {"generation": 0, "max_steps": max(MAX_STEPS, steps + 2)}
-            controller.report(f"worker{slot}", "max_steps", declared)
-            controller.report(f"worker{slot}", "progress", {"generation": 0, "step": steps})
+            report_to(controller, f"worker{slot}", "max_steps", declared)
+            report_to(controller, f"worker{slot}", "progress", {"generation": 0, "step": steps})
     if spare:
-        controller.join("spare0", "spare", 200, "node0", None)
-        controller.report("spare0", "ready", {})
+        join_to(controller, "spare0", "spare", 200, "node0", None)
+        report_to(controller, "spare0", "ready", {})
 
 
 # ------------------------------------------------------------------ item 3: broken scripts
@@ -79,7 +80,7 @@ def test_a_worker_that_exits_before_joining_stops_the_job_with_its_traceback(mak
     (tmp_path / "logs" / "worker1.log").write_text(
         "starting\nTraceback (most recent call last):\n  File x\nImportError: no module foo\n"
     )
-    controller.join("worker0", "worker", 100, "node0", 0)
+    join_to(controller, "worker0", "worker", 100, "node0", 0)
     controller.on_exit("worker1", 1)
     outcome = controller.outcome
     assert outcome is not None and outcome["status"] == "failed"
@@ -100,7 +101,7 @@ def test_a_worker_that_exits_zero_without_init_stops_the_job(make):
 def test_a_script_bug_before_the_first_commit_is_not_retried(make):
     controller = make(max_restarts=3)
     start(controller)
-    controller.report("worker1", "error", {"step": 0, "traceback": "ValueError: bad shape"})
+    report_to(controller, "worker1", "error", {"step": 0, "traceback": "ValueError: bad shape"})
     controller.on_exit("worker1", 1)
     outcome = controller.outcome
     assert outcome is not None and outcome["status"] == "failed"
@@ -119,7 +120,7 @@ def test_a_spare_killed_before_joining_is_replaced(make):
 # ------------------------------------------------------------------ item 5: after the loop
 def done(controller: Controller, step: int) -> None:
     for slot in (0, 1):
-        controller.report(f"worker{slot}", "done", {"generation": 0, "step": step})
+        report_to(controller, f"worker{slot}", "done", {"generation": 0, "step": step})
 
 
 def test_success_waits_for_every_slot_to_exit_zero(make):
@@ -140,7 +141,7 @@ def test_a_failure_after_the_training_loop_fails_the_job(make):
     done(controller, 4)
     controller.on_exit("worker1", 0)
     tb = "Traceback (most recent call last):\nOSError: disk full"
-    controller.report("worker0", "error", {"generation": 0, "step": None, "traceback": tb})
+    report_to(controller, "worker0", "error", {"generation": 0, "step": None, "traceback": tb})
     controller.on_exit("worker0", 1)
     outcome = controller.outcome
     assert outcome is not None and outcome["status"] == "failed"
@@ -155,7 +156,7 @@ def test_no_spare_on_its_way_stops_at_once_naming_the_step_in_flight(make):
     controller.on_exit("worker1", -9)
     # The survivor was aborted; its halted report tells the exact last commit.
     until(lambda: "abort" in [m["type"] for m in controller.outbox("worker0").pending()])
-    controller.report("worker0", "halted", {"generation": 0, "committed": 39, "in_flight": 40})
+    report_to(controller, "worker0", "halted", {"generation": 0, "committed": 39, "in_flight": 40})
     outcome = controller.wait_finished(timeout=30)
     assert outcome is not None and outcome["status"] == "failed"
     assert outcome["reason"].startswith("rank(s) [1] lost in step 40 (rank 1: SIGKILL)")
@@ -168,11 +169,11 @@ def test_a_spare_still_launching_is_waited_for(make):
     controller = make(spares=1)
     start(controller, steps=5, spare=False)  # the launcher started spare0; it has not joined
     controller.on_exit("worker1", -9)
-    controller.report("worker0", "halted", {"generation": 0, "committed": 5, "in_flight": 6})
+    report_to(controller, "worker0", "halted", {"generation": 0, "committed": 5, "in_flight": 6})
     until(lambda: events(controller, "recovery_start") != [])
     assert controller.outcome is None
-    controller.join("spare0", "spare", 200, "node0", None)
-    controller.report("spare0", "ready", {})
+    join_to(controller, "spare0", "spare", 200, "node0", None)
+    report_to(controller, "spare0", "ready", {})
     until(lambda: controller.generation == 1)
 
 
@@ -191,7 +192,7 @@ def test_a_recovery_past_its_deadline_is_replanned_then_stops_with_the_reason(ma
     controller = make(halt_timeout=0.5, hang_floor=1.5, max_restarts=1, spares=1)
     start(controller, steps=7)
     controller.on_exit("worker1", -9)
-    controller.report("worker0", "halted", {"generation": 0, "committed": 7, "in_flight": 8})
+    report_to(controller, "worker0", "halted", {"generation": 0, "committed": 7, "in_flight": 8})
     until(lambda: controller.generation == 1)
     # Nobody carries the plan out: it is aborted everywhere when overdue and planned again.
     until(lambda: events(controller, "recovery_failed") != [])
@@ -201,7 +202,9 @@ def test_a_recovery_past_its_deadline_is_replanned_then_stops_with_the_reason(ma
     for process in ("worker0", "spare0"):
         outbox = controller.outbox(process)
         until(lambda: {"type": "abort", "generation": 1} in outbox.pending())  # noqa: B023
-        controller.report(process, "halted", {"generation": 1, "committed": 7, "in_flight": None})
+        report_to(
+            controller, process, "halted", {"generation": 1, "committed": 7, "in_flight": None}
+        )
     until(lambda: controller.generation == 2)
     # ... and when that one overruns too, the job stops with the reason: no silent wait.
     outcome = controller.wait_finished(timeout=60)
@@ -215,7 +218,8 @@ def test_recovery_done_carries_each_survivors_gap_between_commits(make):
     controller = make()
     start(controller, steps=7)
     controller.on_exit("worker1", -9)
-    controller.report(
+    report_to(
+        controller,
         "worker0",
         "halted",
         {"generation": 0, "committed": 7, "in_flight": 8, "last_commit_t": 1000.0},
@@ -223,7 +227,7 @@ def test_recovery_done_carries_each_survivors_gap_between_commits(make):
     until(lambda: controller.generation == 1)
     for process, t in (("worker0", 1000.75), ("spare0", 1000.7)):
         body = {"generation": 1, "step": 8, "first_after_recovery": True, "t": t}
-        controller.report(process, "progress", body)
+        report_to(controller, process, "progress", body)
     until(lambda: events(controller, "recovery_done") != [])
     (done_event,) = events(controller, "recovery_done")
     assert done_event["survivor_gap_seconds"] == {"0": pytest.approx(0.75)}

@@ -11,6 +11,7 @@ from torchrelay.chaos import ChaosEvent
 from torchrelay.control import drills, liveness, nodes
 from torchrelay.control.actions import SendToNode, SignalLocal, StartRecovery
 from torchrelay.control.errors import ProtocolError
+from torchrelay.control.protocol import Chaos
 from torchrelay.control.state import Detection, MemberState, RecoveryStep
 
 
@@ -86,9 +87,7 @@ def test_a_scheduled_node_fault_goes_out_once_its_step_runs(tmp_path):
     driver.report("worker0", "progress", step=2)
     assert driver.events("chaos_fired") == []
     driver.report("worker0", "progress", step=3)  # step 4 runs now
-    assert driver.actions[-1] == SendToNode(
-        "node1", {"type": "chaos", "fault": "kill-node", "seconds": 0.0}
-    )
+    assert driver.actions[-1] == SendToNode("node1", Chaos(fault="kill-node", seconds=0.0))
     assert driver.job.chaos_pending == {}
 
 

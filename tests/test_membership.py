@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.fsm import Driver
+from tests.fsm import Driver, fields
 from torchrelay.control import departures, nodes
 from torchrelay.control.actions import (
     Refused,
@@ -14,6 +14,7 @@ from torchrelay.control.actions import (
     StartRecovery,
 )
 from torchrelay.control.errors import FencedError, IllegalTransition, ProtocolError
+from torchrelay.control.protocol import NodeHeartbeat, StartSpare
 from torchrelay.control.state import JobPhase, MemberState
 
 
@@ -68,7 +69,7 @@ def test_a_report_of_a_superseded_generation_is_refused_and_recorded(tmp_path):
         driver.report("worker1", "progress", step=3)
     assert isinstance(refused.value.error, FencedError)
     (record,) = refused.value.actions
-    assert record.event == "fenced_refused" and record.fields["current_generation"] == 1
+    assert record.event.TAG == "fenced_refused" and record.event.current_generation == 1
 
 
 def test_a_claim_past_the_declared_steps_is_refused(tmp_path):
@@ -77,7 +78,7 @@ def test_a_claim_past_the_declared_steps_is_refused(tmp_path):
     with pytest.raises(Refused) as refused:
         driver.report("worker0", "progress", step=99)
     assert isinstance(refused.value.error, ProtocolError)
-    assert refused.value.actions[0].event == "claim_refused"
+    assert refused.value.actions[0].event.TAG == "claim_refused"
     assert driver.job.members["worker0"].committed == 2
 
 
@@ -111,7 +112,7 @@ def test_a_lost_node_fences_its_processes_and_fails_their_slots(tmp_path):
     actions = departures.node_lost(
         driver.job, driver.config, "node1", "gone", driver.now, driver.tails.get
     )
-    assert driver.take(actions)[0].fields == {
+    assert fields(driver.take(actions)[0]) == {
         "node": "node1",
         "reason": "gone",
         "processes": ["worker1"],
@@ -124,7 +125,7 @@ def test_a_lost_node_fences_its_processes_and_fails_their_slots(tmp_path):
     assert nodes.signal(driver.job, "worker1", 9) == []
     assert nodes.signal(driver.job, "worker0", 9) == [SignalLocal("worker0", 9)]
     with pytest.raises(Refused) as refused:
-        departures.node_report(driver.job, driver.config, "node1", "heartbeat", {}, 0, str)
+        departures.node_report(driver.job, driver.config, "node1", NodeHeartbeat(), 0, str)
     assert isinstance(refused.value.error, FencedError)
 
 
@@ -133,4 +134,4 @@ def test_a_spare_goes_to_the_least_loaded_live_node(tmp_path):
     driver.start(steps=2)
     driver.take(nodes.join_node(driver.job, "node1", driver.now))
     driver.exit("spare0", -9)
-    assert driver.actions[-1] == SendToNode("node1", {"type": "start_spare"})
+    assert driver.actions[-1] == SendToNode("node1", StartSpare())

@@ -39,7 +39,7 @@ def test_a_recovery_runs_from_the_failure_to_the_first_step(tmp_path):
     (done,) = driver.events("recovery_done")
     assert done["slots"] == [1] and done["target_step"] == 2
     assert done["recomputed_steps"] == 1  # step 3 was in flight on worker0: done again
-    assert done["recovery_seconds"] == 2.0 and done["survivor_gap_seconds"] == {0: 2.5}
+    assert done["recovery_seconds"] == 2.0 and done["survivor_gap_seconds"] == {"0": 2.5}
     assert driver.job.recovery.current is None
 
 

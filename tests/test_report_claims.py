@@ -8,6 +8,7 @@ import pytest
 from tests.test_control_plane import job  # noqa: F401  (the controller behind a real server)
 from torchrelay.control.claims import claimed_step, judge_claim, judge_max_steps
 from torchrelay.control.client import ControlError
+from torchrelay.control.protocol import Halted, PhaseDone, Progress
 from torchrelay.ledger import read_ledger
 
 
@@ -59,7 +60,8 @@ def test_claims_beyond_the_plan_are_refused_and_recorded(job):  # noqa: F811
             w0.report(kind, generation=0, **body)
         assert err.value.code == "INVALID_ARGUMENT" and message in err.value.message
     assert controller.status()["steps_committed"] == 6
-    assert len(_refused(run_dir)) == 7
+    # The claim of step "5" is malformed, refused as the server decodes it: no claim to record.
+    assert len(_refused(run_dir)) == 6
     assert {e["process"] for e in _refused(run_dir)} == {"worker0", "worker1"}
     # The channels are in order each on its own: a heartbeat may trail the training thread.
     w0.report("progress", generation=0, step=9, first_after_recovery=True)
@@ -69,10 +71,10 @@ def test_claims_beyond_the_plan_are_refused_and_recorded(job):  # noqa: F811
 
 
 def test_claim_rules():
-    assert claimed_step("progress", {"step": 4}) == ("beat", 4)
-    assert claimed_step("progress", {"step": 4, "first_after_recovery": True}) == ("main", 4)
-    assert claimed_step("halted", {"committed": 3}) == ("main", 3)
-    assert claimed_step("phase", {"phase": "comm_ready"}) is None
+    assert claimed_step(Progress(step=4)) == ("beat", 4)
+    assert claimed_step(Progress(step=4, first_after_recovery=True)) == ("main", 4)
+    assert claimed_step(Halted(committed=3)) == ("main", 3)
+    assert claimed_step(PhaseDone(phase="comm_ready")) is None
     assert judge_claim("progress", -1, None, None) is None
     assert judge_claim("progress", 0, None, None) is not None
     assert judge_claim("progress", 9, 10, 9) is None

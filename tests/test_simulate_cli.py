@@ -19,17 +19,40 @@ def _ledger(run_dir: Path, lines: list[str]) -> Path:
     return run_dir
 
 
+def _failure(t: float, slot: int) -> str:
+    return json.dumps(
+        {
+            "t": t,
+            "event": "failure",
+            "slot": slot,
+            "process": f"worker{slot}",
+            "last_reported_step": 3,
+            "cause": "killed by SIGKILL",
+            "kind": "signal",
+            "detected_by": "process exit",
+        }
+    )
+
+
+def _recovered(t: float, seconds: float, lost_steps: int) -> str:
+    fields = {"slots": [0], "failures": [], "target_step": 3, "timeline": {}}
+    cost = {"bytes_transferred": 0, "lost_steps": lost_steps, "recomputed_steps": 0}
+    times = {"recovery_seconds": seconds, "stall_seconds": seconds}
+    return json.dumps({"t": t, "event": "recovery_done", **fields, **times, **cost})
+
+
 LEDGER = [
     '{"t": 1.0, "event": "job_start", "world_size": 8}',
-    '{"t": 2.0, "event": "failure", "rank": 3}',
-    '{"t": 4.3, "event": "recovery_done", "recovery_seconds": 2.3, "lost_steps": 0}',
-    '{"t": 9.0, "event": "failure", "rank": 1}',
-    '{"t": 13.0, "event": "recovery_done", "recovery_seconds": 4.0, "lost_steps": 0}',
-    '{"t": 20.0, "event": "failure", "rank": 5}',
-    '{"t": 29.0, "event": "recovery_done", "recovery_seconds": 9.0, "lost_steps": 3}',
-    '{"t": 30.0, "event": "failure", "rank": 6}',
+    _failure(2.0, 3),
+    _recovered(4.3, 2.3, 0),
+    _failure(9.0, 1),
+    _recovered(13.0, 4.0, 0),
+    _failure(20.0, 5),
+    _recovered(29.0, 9.0, 3),
+    _failure(30.0, 6),
     "[1, 2]",
-    '{"t": 31.0, "event": "recovery_done", "recovery_seconds": "fast"}',
+    '{"t": 31.0, "event": "recovery_done", "recovery_seconds": "fast"}',  # malformed: skipped
+    '{"t": 35.0, "event": "from_a_newer_version", "x": 1}',  # unknown: skipped
     '{"t": 40.0, "event": "job_end"}',
     '{"t": 41.0, "event": "recov',  # torn last line: the launcher crashed mid-write
 ]
@@ -38,7 +61,7 @@ LEDGER = [
 def test_from_run_measures_median_coverage_and_default_overhead(tmp_path: Path) -> None:
     measured = measure_run(_ledger(tmp_path / "run", LEDGER), default_overhead=0.03)
     assert measured.failures == 4
-    assert measured.recoveries == 4
+    assert measured.recoveries == 3  # the malformed one is not counted
     assert measured.recovery_s == pytest.approx(4.0)  # median of 2.3, 4.0, 9.0
     assert measured.coverage == pytest.approx(2 / 4)  # lost_steps 0, per failure
     assert measured.overhead == 0.03

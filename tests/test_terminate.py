@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 
+from tests.fsm import join_to, report_to
 from torchrelay.agent.signals import exit_status
 from torchrelay.config import JobConfig
 from torchrelay.control.controller import Controller
@@ -31,10 +32,10 @@ def test_terminated_job_records_no_failure_and_reports_the_signal(tmp_path):
     ledger.record("job_start", world_size=2, spares=1, script="train.py", args=[], chaos=[])
     controller = Controller(config, ledger, IdleAgent())
     for slot in (0, 1):
-        controller.join(f"worker{slot}", "worker", 100 + slot, "node0", slot)
-    controller.join("spare0", "spare", 102, "node0", None)
-    controller.report("worker0", "max_steps", {"generation": 0, "max_steps": 10})
-    controller.report("worker0", "progress", {"generation": 0, "step": 6})
+        join_to(controller, f"worker{slot}", "worker", 100 + slot, "node0", slot)
+    join_to(controller, "spare0", "spare", 102, "node0", None)
+    report_to(controller, "worker0", "max_steps", {"generation": 0, "max_steps": 10})
+    report_to(controller, "worker0", "progress", {"generation": 0, "step": 6})
     controller.terminate("SIGTERM")
     controller.terminate("SIGINT")  # the first signal decides
     # The stop itself: the agent's SIGTERM reaches them, one dies of it, one after the grace.

@@ -35,11 +35,15 @@ class Ledger:
 
     def record(self, event: str, **fields: Any) -> dict[str, Any]:
         """Append one event; it is flushed, and fsynced if it is one of DURABLE_EVENTS."""
-        entry = {"t": fields.pop("t", time.time()), "event": event, **fields}
+        return self.write({"t": fields.pop("t", time.time()), "event": event, **fields})
+
+    def write(self, entry: dict[str, Any]) -> dict[str, Any]:
+        """Append one line ``entry`` (``{"t": ..., "event": ..., ...}``, a typed event's
+        ``to_json()``); flushed, and fsynced if its event is one of DURABLE_EVENTS."""
         with self._lock:
             self._file.write(json.dumps(entry, sort_keys=False) + "\n")
             self._file.flush()
-            if event in DURABLE_EVENTS:
+            if entry["event"] in DURABLE_EVENTS:
                 os.fsync(self._file.fileno())
         return entry
 

@@ -22,6 +22,7 @@ from torchrelay.control.controller import Controller
 from torchrelay.control.service import ControlServer
 from torchrelay.control.state import Role
 from torchrelay.control.wire import new_token
+from torchrelay.events import JobStart
 from torchrelay.ledger import Ledger
 
 
@@ -78,15 +79,15 @@ class Launch:
 
     def run(self) -> dict[str, Any]:
         """Run the job to its end and return the controller's outcome."""
-        self.ledger.record(
-            "job_start",
+        started = JobStart(
             world_size=self.config.world_size,
             spares=self.config.spares,
             script=self.config.script,
-            args=self.config.script_args,
-            chaos=[e.to_dict() for e in self.config.chaos],
+            args=tuple(self.config.script_args),
+            chaos=tuple(e.to_dict() for e in self.config.chaos),
             run_dir=str(self.config.run_dir),
         )
+        self.ledger.write(started.to_json())
         self.server.start()
         self.controller.start_monitor()
         self._publish_endpoint()

@@ -18,7 +18,6 @@ import contextlib
 import os
 import signal
 import threading
-from typing import Any
 
 from torchrelay.agent import partition
 from torchrelay.agent.agent import NodeAgent
@@ -26,6 +25,16 @@ from torchrelay.agent.signals import ALONGSIDE, STOP_SIGNALS, StopSignals, exit_
 from torchrelay.config import JobConfig
 from torchrelay.control.client import ControlClient, ControlError
 from torchrelay.control.lease import HEARTBEAT_RPC_TIMEOUT, keep_alive
+from torchrelay.control.protocol import (
+    Chaos,
+    ChaosNotice,
+    FinishNode,
+    NodeExit,
+    NodeHeartbeat,
+    ProtocolError,
+    Signal,
+    StartSpare,
+)
 
 
 class RemoteNode:
@@ -54,7 +63,7 @@ class RemoteNode:
         if self._isolated is not None or self._stop.received is not None:
             return
         try:
-            self.client.node_report(self.node, "exit", exited=process, returncode=returncode)
+            self.client.node_report(self.node, NodeExit(exited=process, returncode=returncode))
         except ControlError as exc:
             self._say(f"could not report the exit of {process}: {exc}")
 
@@ -69,7 +78,7 @@ class RemoteNode:
                 self.agent.start_spare()
             heartbeat = threading.Thread(
                 target=self._heartbeat,
-                args=(float(joined["node_timeout"]),),
+                args=(joined.node_timeout,),
                 name="torchrelay-node-heartbeat",
                 daemon=True,
             )
@@ -98,16 +107,16 @@ class RemoteNode:
         """Carry out the controller's commands until ``finish`` or the stream breaks."""
         try:
             for command in self.client.node_watch(self.node):
-                if command["type"] == "start_spare":
+                if isinstance(command, StartSpare):
                     self.agent.start_spare()
-                elif command["type"] == "signal":
-                    self.agent.kill(str(command["process"]), int(command["signal"]))
-                elif command["type"] == "chaos":
+                elif isinstance(command, Signal):
+                    self.agent.kill(command.process, command.signal)
+                elif isinstance(command, Chaos):
                     self._chaos(command)
-                elif command["type"] == "finish":
+                elif isinstance(command, FinishNode):
                     self._finished = True
                     return
-        except ControlError as exc:
+        except (ControlError, ProtocolError) as exc:
             if self._isolated is None and self._stop.received is None:
                 self._say(f"lost the controller ({exc}); stopping this node")
         finally:
@@ -115,7 +124,7 @@ class RemoteNode:
 
     def _heartbeat(self, node_timeout: float) -> None:
         def beat() -> float:
-            self.client.node_report(self.node, "heartbeat", timeout=HEARTBEAT_RPC_TIMEOUT)
+            self.client.node_report(self.node, NodeHeartbeat(), timeout=HEARTBEAT_RPC_TIMEOUT)
             return node_timeout
 
         def refused(error: ControlError) -> None:
@@ -139,10 +148,10 @@ class RemoteNode:
         self.agent.kill_all()
         self.client.close()  # ends the command stream in run()
 
-    def _chaos(self, command: dict[str, Any]) -> None:
-        fault, seconds = str(command["fault"]), float(command["seconds"])
+    def _chaos(self, command: Chaos) -> None:
+        fault, seconds = command.fault, command.seconds
         if fault == "kill-node":
-            self._notify_chaos(fault=fault, ok=True)
+            self._notify_chaos(ChaosNotice(fault=fault, ok=True))
             self._say("chaos kill-node: SIGKILL to every process of this node, this agent last")
             self.agent.kill_all()
             os.kill(os.getpid(), signal.SIGKILL)
@@ -151,17 +160,19 @@ class RemoteNode:
             partition.check_cuttable(self.control)
             names = partition.prepare()
         except partition.PartitionError as exc:
-            self._notify_chaos(fault=fault, ok=False, error=str(exc))
+            self._notify_chaos(ChaosNotice(fault=fault, ok=False, error=str(exc)))
             self._say(f"chaos partition refused: {exc}")
             return
         # Said before the cut: afterwards nothing gets through.
-        self._notify_chaos(fault=fault, ok=True, interfaces=names, seconds=seconds)
+        self._notify_chaos(
+            ChaosNotice(fault=fault, ok=True, interfaces=tuple(names), seconds=seconds)
+        )
         self._say(f"chaos partition: dropping all traffic on {names} for {seconds:.0f} s")
         try:
             partition.cut(names, seconds)
         except partition.PartitionError as exc:
-            self._notify_chaos(fault=fault, ok=False, error=str(exc))
+            self._notify_chaos(ChaosNotice(fault=fault, ok=False, error=str(exc)))
 
-    def _notify_chaos(self, **body: Any) -> None:
+    def _notify_chaos(self, notice: ChaosNotice) -> None:
         with contextlib.suppress(ControlError):
-            self.client.node_report(self.node, "chaos", timeout=5.0, **body)
+            self.client.node_report(self.node, notice, timeout=5.0)

@@ -11,13 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from torchrelay.control.protocol import Command, Message
+from torchrelay.events import Event
+
 
 @dataclass(frozen=True)
 class Send:
     """Put ``message`` (abort, plan, finish) on ``process``'s watch stream."""
 
     process: str
-    message: dict[str, Any]
+    message: Message
 
 
 @dataclass(frozen=True)
@@ -25,7 +28,7 @@ class SendToNode:
     """Put ``command`` (start_spare, signal, chaos, finish) on a remote node agent's stream."""
 
     node: str
-    command: dict[str, Any]
+    command: Command
 
 
 @dataclass(frozen=True)
@@ -43,10 +46,9 @@ class StartLocalSpare:
 
 @dataclass(frozen=True)
 class Record:
-    """Append ``event`` with ``fields`` to the ledger."""
+    """Append ``event`` to the ledger."""
 
-    event: str
-    fields: dict[str, Any]
+    event: Event
 
 
 @dataclass(frozen=True)
@@ -62,10 +64,6 @@ class StartRecovery:
 
 
 Action = Send | SendToNode | SignalLocal | StartLocalSpare | Record | EndJob | StartRecovery
-
-
-def record(event: str, **fields: Any) -> Record:
-    return Record(event, fields)
 
 
 class Refused(Exception):

@@ -17,17 +17,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from torchrelay.control.protocol import Done, Halted, Progress, Report
+
 BEAT, MAIN = "beat", "main"
 
 
-def claimed_step(kind: str, body: dict[str, Any]) -> tuple[str, Any] | None:
-    """``(channel, step)`` that a report of ``kind`` claims, or None if it claims no step."""
-    if kind == "progress":
-        return (MAIN if body.get("first_after_recovery") else BEAT), body.get("step")
-    if kind == "done":
-        return MAIN, body.get("step")
-    if kind == "halted":
-        return MAIN, body.get("committed")
+def claimed_step(report: Report) -> tuple[str, int] | None:
+    """``(channel, step)`` that ``report`` claims, or None if it claims no step."""
+    if isinstance(report, Progress):
+        return (MAIN if report.first_after_recovery else BEAT), report.step
+    if isinstance(report, Done):
+        return MAIN, report.step
+    if isinstance(report, Halted):
+        return MAIN, report.committed
     return None
 
 

@@ -23,6 +23,15 @@ from torchrelay.control.actions import Action, Refused
 from torchrelay.control.errors import FencedError, ProtocolError
 from torchrelay.control.executor import AgentHandle, Executor
 from torchrelay.control.outbox import Outbox
+from torchrelay.control.protocol import (
+    JoinAnswer,
+    JoinRequest,
+    Lease,
+    NodeJoinAnswer,
+    NodeReport,
+    Progress,
+    Report,
+)
 from torchrelay.control.recovery_steps import advance
 from torchrelay.control.rejections import Rejections
 from torchrelay.control.state import GONE, JobState, Member, MemberState, NodeEntry, Role
@@ -185,18 +194,17 @@ class Controller:
         with self._transition():
             self._apply(endings.terminate(self.job, signal_name))
 
-    def join(self, process: str, role: str, pid: int, node: str, slot: int | None) -> dict:
+    def join(self, process: str, request: JoinRequest) -> JoinAnswer:
         """Register a process; workers name their slot, spares get one later."""
         with self._transition():
             job = self.job
-            actions = membership.join(job, self.config, process, role, pid, node, slot, time.time())
-            self._apply(actions)
-            return {
-                "world_size": self.config.world_size,
-                "generation": job.members[process].generation,
-                "chaos": drills.chaos_for(job, slot),
-                "collective_timeout": self.config.collective_timeout,
-            }
+            self._apply(membership.join(job, self.config, process, request, time.time()))
+            return JoinAnswer(
+                world_size=self.config.world_size,
+                generation=job.members[process].generation,
+                chaos=tuple(drills.chaos_for(job, request.slot)),
+                collective_timeout=self.config.collective_timeout,
+            )
 
     def watch(self, process: str) -> tuple[Outbox, Callable[[], bool]]:
         """The outbox of ``process`` (abort, plan, finish messages, in order) and a test that
@@ -206,13 +214,15 @@ class Controller:
             outbox = self._executor.outbox(process)
         return outbox, lambda: member.state in GONE
 
-    def report(self, process: str, kind: str, body: dict[str, Any]) -> dict[str, Any]:
+    def report(self, process: str, message: Report) -> Lease | None:
         """Handle one report from a process (see :func:`membership.report`); a ``progress``
         report is answered with the worker's lease, the hang timeout (it stops on its own if
         it cannot get a heartbeat through)."""
         with self._transition():
-            self._apply(membership.report(self.job, process, kind, body, time.time()))
-            return {"hang_timeout": self.job.hang_timeout} if kind == "progress" else {}
+            self._apply(membership.report(self.job, process, message, time.time()))
+            if isinstance(message, Progress):
+                return Lease(hang_timeout=self.job.hang_timeout)
+            return None
 
     def on_exit(self, process: str, returncode: int) -> None:
         """The agent saw ``process`` exit with ``returncode`` (negative: killed by a signal)."""
@@ -231,13 +241,15 @@ class Controller:
             )
 
     # ---------------------------------------------------------------- nodes
-    def join_node(self, node: str) -> dict[str, Any]:
+    def join_node(self, node: str) -> NodeJoinAnswer:
         """A remote node agent registers; it will watch :meth:`watch_node` for commands."""
         with self._transition():
             actions = nodes.join_node(self.job, node, time.time())
             self._executor.open_node(node)
             self._apply(actions)
-            return {"world_size": self.config.world_size, "node_timeout": self.config.node_timeout}
+            return NodeJoinAnswer(
+                world_size=self.config.world_size, node_timeout=self.config.node_timeout
+            )
 
     def watch_node(self, node: str) -> tuple[Outbox, Callable[[], bool]]:
         """The outbox of commands for a node agent (start_spare, signal, chaos, finish) and a
@@ -263,16 +275,15 @@ class Controller:
                 )
             )
 
-    def node_report(self, node: str, kind: str, body: dict[str, Any]) -> dict[str, Any]:
+    def node_report(self, node: str, report: NodeReport) -> None:
         """A remote agent's heartbeat, a process exit it saw, or the start of a chaos drill
         (see :func:`departures.node_report`)."""
         with self._transition():
             self._apply(
                 departures.node_report(
-                    self.job, self.config, node, kind, body, time.time(), self._output_tail
+                    self.job, self.config, node, report, time.time(), self._output_tail
                 )
             )
-            return {}
 
     def inject(self, fault: str, target: str, seconds: float = 0.0) -> dict[str, Any]:
         """An operator's drill (``torchrelay chaos``), carried out by the target's node agent.

@@ -14,12 +14,14 @@ import signal
 from collections.abc import Callable
 from typing import Any
 
+from torchrelay import events
 from torchrelay.config import JobConfig
 from torchrelay.control import drills
-from torchrelay.control.actions import Action, Refused, StartRecovery, record
+from torchrelay.control.actions import Action, Record, Refused, StartRecovery
 from torchrelay.control.endings import fail, succeed
-from torchrelay.control.errors import FencedError, ProtocolError
+from torchrelay.control.errors import FencedError
 from torchrelay.control.nodes import node_of
+from torchrelay.control.protocol import ChaosNotice, NodeExit, NodeReport
 from torchrelay.control.spares import spare_accounted, start_spare
 from torchrelay.control.state import (
     GONE,
@@ -60,19 +62,16 @@ def on_exit(
     if member is None:
         note = "exited before joining"
         actions: list[Action] = [
-            record("process_exit", process=process, returncode=returncode, note=note)
+            Record(events.ProcessExit(process=process, returncode=returncode, note=note))
         ]
         if job.phase is JobPhase.RUNNING:
             actions += _early_exit(job, config, process, returncode, now, output_tail)
         return actions
     was = member.state
-    exited = record(
-        "process_exit",
-        process=process,
-        slot=member.slot,
-        returncode=returncode,
-        cause=cause,
-        state=was.value,
+    exited = Record(
+        events.ProcessExit(
+            process=process, slot=member.slot, returncode=returncode, cause=cause, state=was.value
+        )
     )
     if was is MemberState.FENCED:
         return [exited]  # its node was declared lost: its slot was handled then
@@ -101,7 +100,8 @@ def _early_exit(
     failure = unjoined_failure(process, returncode, output)
     actions: list[Action] = []
     if failure is not None:
-        actions.append(record("failure", **failure, generation=job.generation, t=now, onset=now))
+        failed = events.Failure(**failure, generation=job.generation, t=now, onset=now)
+        actions.append(Record(failed))
     reason = never_joined(process, returncode, output)
     if reason is not None:
         return actions + fail(job, reason, traceback=output or None)
@@ -137,7 +137,7 @@ def _exit_after_training(job: JobState, member: Member, output_tail: OutputTail)
 def _spare_lost(job: JobState, config: JobConfig, member: Member, cause: str) -> list[Action]:
     job.spare_failures += 1
     traceback = (member.error or {}).get("traceback")
-    lost = record("spare_lost", process=member.process, cause=cause, traceback=traceback)
+    lost = Record(events.SpareLost(process=member.process, cause=cause, traceback=traceback))
     if member.error is not None and job.spare_failures > config.max_restarts:
         return [
             lost,
@@ -183,7 +183,7 @@ def _worker_lost(
         max(member.committed, job.highest_committed), (member.error or {}).get("step")
     )
     failure["step"] = step
-    actions: list[Action] = [record("failure", **failure)]
+    actions: list[Action] = [Record(events.Failure(**failure))]
     if fails_before_first_step(kind, job.highest_committed):
         return actions + fail(
             job,
@@ -241,7 +241,8 @@ def node_lost(
     job.spares_launching.pop(node, None)
     lost = [m for m in job.members.values() if m.node == node and m.state not in GONE]
     names = [m.process for m in lost]
-    actions: list[Action] = [record("node_lost", node=node, reason=reason, processes=names)]
+    declared = events.NodeLost(node=node, reason=reason, processes=tuple(names))
+    actions: list[Action] = [Record(declared)]
     for member in lost:
         member.detection = Detection.NODE
         member.detected_by = f"node {node} lost ({reason})"
@@ -256,8 +257,7 @@ def node_report(
     job: JobState,
     config: JobConfig,
     node: str,
-    kind: str,
-    body: dict[str, Any],
+    report: NodeReport,
     now: float,
     output_tail: OutputTail,
 ) -> list[Action]:
@@ -272,16 +272,12 @@ def node_report(
             f"node {node} was declared lost ({entry.name} unheard of for more than "
             f"{config.node_timeout:.0f} s); its slots were handed to others"
         )
-        raise Refused(error, [record("fenced_refused", node=node, kind=kind)])
+        raise Refused(error, [Record(events.FencedRefused(node=node, kind=report.TAG))])
     entry.last_seen = now
-    if kind == "exit":
-        returncode = int(body["returncode"])
-        process = str(body["exited"])
-        return on_exit(
-            job, config, process, returncode, describe_exit(returncode), now, output_tail
-        )
-    if kind == "chaos":
-        return drills.on_notice(entry, body)
-    if kind != "heartbeat":
-        raise ProtocolError(f"unknown node report kind {kind!r}")
-    return []
+    if isinstance(report, NodeExit):
+        returncode = report.returncode
+        cause = describe_exit(returncode)
+        return on_exit(job, config, report.exited, returncode, cause, now, output_tail)
+    if isinstance(report, ChaosNotice):
+        return drills.on_notice(entry, report)
+    return []  # a heartbeat

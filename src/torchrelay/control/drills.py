@@ -11,11 +11,13 @@ from __future__ import annotations
 import signal
 from typing import Any
 
+from torchrelay import events
 from torchrelay.chaos import NODE_ACTIONS
-from torchrelay.control.actions import Action, SendToNode, record
+from torchrelay.control.actions import Action, Record, SendToNode
 from torchrelay.control.errors import ProtocolError
 from torchrelay.control.nodes import node_of
 from torchrelay.control.nodes import signal as signal_process
+from torchrelay.control.protocol import Chaos, ChaosNotice
 from torchrelay.control.state import GONE, JobState, NodeEntry
 
 PROCESS_FAULTS = {"kill": signal.SIGKILL, "hang": signal.SIGSTOP}
@@ -33,7 +35,7 @@ def inject_process(job: JobState, fault: str, process: str) -> list[Action]:
     member = job.member(process)
     if member.state in GONE:
         raise ProtocolError(f"{process} is not running ({member.state.value})")
-    requested = record("chaos_requested", fault=fault, process=process)
+    requested = Record(events.ChaosRequested(fault=fault, process=process))
     return [requested, *signal_process(job, process, PROCESS_FAULTS[fault])]
 
 
@@ -57,18 +59,22 @@ def inject_node(job: JobState, fault: str, node: str, seconds: float) -> list[Ac
 
 
 def _send_node_fault(entry: NodeEntry, fault: str, seconds: float) -> list[Action]:
-    requested = record("chaos_requested", fault=fault, node=entry.name, seconds=seconds)
-    return [
-        requested,
-        SendToNode(entry.name, {"type": "chaos", "fault": fault, "seconds": seconds}),
-    ]
+    requested = events.ChaosRequested(fault=fault, node=entry.name, seconds=seconds)
+    return [Record(requested), SendToNode(entry.name, Chaos(fault=fault, seconds=seconds))]
 
 
-def on_notice(entry: NodeEntry, body: dict[str, Any]) -> list[Action]:
+def on_notice(entry: NodeEntry, notice: ChaosNotice) -> list[Action]:
     """The node's agent says what it does about a drill (or why it cannot)."""
-    details = {k: v for k, v in body.items() if k not in ("node", "kind", "process")}
-    entry.chaos_notice = details
-    return [record("chaos_injected", node=entry.name, **details)]
+    entry.chaos_notice = notice.details()
+    injected = events.ChaosInjected(
+        node=entry.name,
+        fault=notice.fault,
+        ok=notice.ok,
+        interfaces=notice.interfaces,
+        seconds=notice.seconds,
+        error=notice.error,
+    )
+    return [Record(injected)]
 
 
 def fire_node_chaos(job: JobState) -> list[Action]:
@@ -80,6 +86,6 @@ def fire_node_chaos(job: JobState) -> list[Action]:
         due = event.action in NODE_ACTIONS and event.step <= job.highest_committed + 1
         if due and entry is not None and entry.alive:
             del job.chaos_pending[event.id]
-            fired = record("chaos_fired", process=f"agent@{entry.name}", **event.to_dict())
-            actions += [fired, *_send_node_fault(entry, event.action, event.seconds)]
+            fired = events.ChaosFired.of(f"agent@{entry.name}", event)
+            actions += [Record(fired), *_send_node_fault(entry, event.action, event.seconds)]
     return actions

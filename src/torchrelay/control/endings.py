@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchrelay.control.actions import Action, EndJob, Send, SendToNode, record
+from torchrelay.control.actions import Action, EndJob, Record, Send, SendToNode
+from torchrelay.control.protocol import Finish, FinishNode
 from torchrelay.control.state import JobPhase, JobState, MemberState
+from torchrelay.events import TrainingDone
 
-FINISH = {"type": "finish"}
+FINISH = Finish()
 
 
 def end(job: JobState, phase: JobPhase, **details: Any) -> list[Action]:
@@ -44,14 +46,14 @@ def terminate(job: JobState, signal_name: str) -> list[Action]:
 
 
 def succeed(job: JobState) -> list[Action]:
-    return end(job, JobPhase.SUCCEEDED) + [SendToNode(n, FINISH) for n in job.nodes]
+    return end(job, JobPhase.SUCCEEDED) + [SendToNode(n, FinishNode()) for n in job.nodes]
 
 
 def finish_training(job: JobState) -> list[Action]:
     """Every slot committed its last step: let every process out of its loop. The job succeeds
     once the slots' processes have all exited with 0 (see departures)."""
     job.phase = JobPhase.FINISHING
-    done = record("training_done", steps_committed=job.highest_committed + 1)
+    done = Record(TrainingDone(steps_committed=job.highest_committed + 1))
     return [done] + [Send(p, FINISH) for p in job.members]
 
 

@@ -24,6 +24,7 @@ from torchrelay.control.actions import (
 )
 from torchrelay.control.outbox import Outbox
 from torchrelay.control.rejections import Rejections
+from torchrelay.events import JobEnd
 from torchrelay.ledger import Ledger
 
 
@@ -67,18 +68,18 @@ class Executor:
     def apply(self, actions: Iterable[Action]) -> None:
         for action in actions:
             if isinstance(action, Send):
-                self.outbox(action.process).put(action.message)
+                self.outbox(action.process).put(action.message.to_wire())
             elif isinstance(action, SendToNode):
-                self.node_outbox(action.node).put(action.command)
+                self.node_outbox(action.node).put(action.command.to_wire())
             elif isinstance(action, SignalLocal):
                 self.agent.kill(action.process, action.signum)
             elif isinstance(action, StartLocalSpare):
                 self.agent.start_spare()
             elif isinstance(action, Record):
-                self.ledger.record(action.event, **action.fields)
+                self.ledger.write(action.event.to_json())
             elif isinstance(action, EndJob):
                 counts = self.rejections.counts()
-                self.ledger.record("job_end", **action.outcome, rejected_requests=counts)
+                self.ledger.write(JobEnd(**action.outcome, rejected_requests=counts).to_json())
             elif isinstance(action, StartRecovery):
                 self._start_recovery()
             else:

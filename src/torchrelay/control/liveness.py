@@ -11,8 +11,9 @@ from __future__ import annotations
 import signal
 import statistics
 
+from torchrelay import events
 from torchrelay.config import JobConfig
-from torchrelay.control.actions import Action, StartRecovery, record
+from torchrelay.control.actions import Action, Record, StartRecovery
 from torchrelay.control.departures import OutputTail, node_lost
 from torchrelay.control.detection import Beat, judge
 from torchrelay.control.endings import fail
@@ -75,8 +76,7 @@ def _check_workers(job: JobState, config: JobConfig, now: float) -> list[Action]
             if member.slot in reasons:
                 move(member, MemberState.FENCING)
                 member.detection, member.detected_by = detection, reasons[member.slot]
-                detected = record(
-                    "hang_detected",
+                detected = events.HangDetected(
                     process=member.process,
                     slot=member.slot,
                     detection=detection.value,
@@ -84,7 +84,7 @@ def _check_workers(job: JobState, config: JobConfig, now: float) -> list[Action]
                     silent_seconds=now - member.last_seen,
                     timeout=job.hang_timeout,
                 )
-                actions += [detected, *signal_process(job, member.process, signal.SIGKILL)]
+                actions += [Record(detected), *signal_process(job, member.process, signal.SIGKILL)]
     recovery = job.recovery
     quiet = not recovery.failed and recovery.current is None and recovery.reform is None
     if verdict.lost_collective is not None and quiet and len(watched) == len(job.assignments):
@@ -111,7 +111,7 @@ def _collective_lost(
         "t": now,
         "onset": now - max(m.waiting or 0.0 for m in members),
     }
-    actions: list[Action] = [record("failure", **failure)]
+    actions: list[Action] = [Record(events.Failure(**failure))]
     if count > config.max_restarts:
         return actions + fail(
             job,
@@ -144,5 +144,5 @@ def _check_stragglers(job: JobState, config: JobConfig) -> list[Action]:
                 "peers_median": peers,
                 "slowdown": seconds / peers,
             }
-            actions.append(record("straggler", process=process, **job.stragglers[process]))
+            actions.append(Record(events.Straggler(process=process, **job.stragglers[process])))
     return actions

@@ -8,9 +8,11 @@ new node entry with an empty command stream.
 
 from __future__ import annotations
 
-from torchrelay.control.actions import Action, SendToNode, SignalLocal, record
+from torchrelay.control.actions import Action, Record, SendToNode, SignalLocal
 from torchrelay.control.errors import ProtocolError
+from torchrelay.control.protocol import Signal
 from torchrelay.control.state import JobState, NodeEntry
+from torchrelay.events import NodeJoined
 
 
 def join_node(job: JobState, node: str, now: float) -> list[Action]:
@@ -18,7 +20,7 @@ def join_node(job: JobState, node: str, now: float) -> list[Action]:
     if node == job.local_node or (node in job.nodes and job.nodes[node].alive):
         raise ProtocolError(f"node {node!r} is already part of the job")
     job.nodes[node] = NodeEntry(node, last_seen=now)
-    return [record("node_join", node=node)]
+    return [Record(NodeJoined(node=node))]
 
 
 def node_of(job: JobState, node: str) -> NodeEntry:
@@ -36,5 +38,5 @@ def signal(job: JobState, process: str, signum: int) -> list[Action]:
     if node == job.local_node:
         return [SignalLocal(process, signum)]
     if job.nodes[node].alive:
-        return [SendToNode(node, {"type": "signal", "process": process, "signal": signum})]
+        return [SendToNode(node, Signal(process=process, signal=signum))]
     return []

@@ -21,12 +21,14 @@ from __future__ import annotations
 import signal
 from collections.abc import Callable
 
+from torchrelay import events
 from torchrelay.config import JobConfig
-from torchrelay.control.actions import Action, Send, record
+from torchrelay.control.actions import Action, Record, Send
 from torchrelay.control.drills import chaos_for
 from torchrelay.control.endings import fail, finish_if_all_done
 from torchrelay.control.nodes import signal as signal_process
 from torchrelay.control.planner import PlanningError, Spare, choose_replacements, plan_recovery
+from torchrelay.control.protocol import Abort, Plan
 from torchrelay.control.spares import none_will_come, ready_spares, top_up
 from torchrelay.control.state import JobState, Member, MemberState, RecoveryStep, Round, move
 from torchrelay.control.verdicts import (
@@ -83,13 +85,14 @@ def _start(job: JobState, config: JobConfig, now: float) -> list[Action]:
     if previous is not None:
         current.in_flight = set(previous.in_flight)
     recovery.current = current
-    abort = {"type": "abort", "generation": job.generation}
+    abort = Abort(generation=job.generation)
     actions: list[Action] = [Send(m.process, abort) for m in survivors]
     for failure in failures.values():
         actions += signal_process(job, failure["process"], signal.SIGKILL)
-    actions.append(
-        record("recovery_start", generation=job.generation, slots=current.slots, t=current.detected)
+    started = events.RecoveryStart(
+        generation=job.generation, slots=tuple(current.slots), t=current.detected
     )
+    actions.append(Record(started))
     return actions + top_up(job, config, len(failures))
 
 
@@ -166,7 +169,8 @@ def _abandon(
     step = job.highest_committed + 1
     causes = {slot: str(job.recovery.failed[slot]["cause"]) for slot in current.slots}
     reason = no_spare_reason(causes, step, config.spares)
-    actions.append(record("recovery_abandoned", slots=current.slots, step=step, reason=reason))
+    abandoned = events.RecoveryAbandoned(slots=tuple(current.slots), step=step, reason=reason)
+    actions.append(Record(abandoned))
     actions += fail(job, reason)
     return None
 
@@ -197,14 +201,7 @@ def _publish_plan(job: JobState, config: JobConfig, current: Round, now: float) 
     job.generation = plan.generation
     job.assignments = dict(plan.assignments)
     job.recovery.failed.clear()
-    message = {
-        "type": "plan",
-        "generation": plan.generation,
-        "target_step": plan.target_step,
-        "sources": list(plan.sources),
-        "receivers": list(plan.receivers),
-        "assignments": {str(k): v for k, v in plan.assignments.items()},
-    }
+    assignments = {str(k): v for k, v in plan.assignments.items()}
     actions: list[Action] = []
     for slot, process in plan.assignments.items():
         member = job.members[process]
@@ -214,17 +211,25 @@ def _publish_plan(job: JobState, config: JobConfig, current: Round, now: float) 
             member.claims.clear()  # its state is replaced: back to the target step
         # A fresh start for the detector: the old step's progress means nothing now.
         member.last_seen, member.step_age, member.waiting = now, None, None
-        actions.append(Send(process, {**message, "slot": slot, "chaos": chaos_for(job, slot)}))
-    planned = record(
-        "recovery_planned",
+        message = Plan(
+            generation=plan.generation,
+            target_step=plan.target_step,
+            sources=tuple(plan.sources),
+            receivers=tuple(plan.receivers),
+            assignments=assignments,
+            slot=slot,
+            chaos=tuple(chaos_for(job, slot)),
+        )
+        actions.append(Send(process, message))
+    planned = events.RecoveryPlanned(
         generation=plan.generation,
         target_step=plan.target_step,
-        sources=list(plan.sources),
-        receivers=list(plan.receivers),
+        sources=tuple(plan.sources),
+        receivers=tuple(plan.receivers),
         replaced={str(k): v for k, v in plan.replaced.items()},
         lost_steps=plan.lost_steps,
     )
-    return [*actions, planned, *top_up(job, config, 0)]
+    return [*actions, Record(planned), *top_up(job, config, 0)]
 
 
 def _await_done(
@@ -243,12 +248,11 @@ def _await_done(
         recovery.replan = overdue_reason(
             plan.generation, current.step_limit, plan.assignments, phases
         )
-        actions.append(
-            record("recovery_failed", generation=plan.generation, reason=recovery.replan)
-        )
+        late = events.RecoveryFailed(generation=plan.generation, reason=recovery.replan)
+        actions.append(Record(late))
     if recovery.failed or recovery.replan is not None:
         # One recovery covers every failure until the job runs again.
-        actions.append(record("recovery_superseded", generation=plan.generation))
+        actions.append(Record(events.RecoverySuperseded(generation=plan.generation)))
         current.step = RecoveryStep.SUPERSEDED
         return None
     recovery.replans = 0
@@ -282,23 +286,24 @@ def _recovery_done(job: JobState, current: Round) -> Action:
         if slot not in plan.replaced
     }
     first_commits = {slot: v["t"] for slot, v in current.phases.get("first_step", {}).items()}
-    return record(
-        "recovery_done",
+    gaps = survivor_gaps(last_commits, first_commits)
+    done = events.RecoveryDone(
         generation=plan.generation,
-        slots=sorted(plan.replaced),
-        failures=current.failures,
+        slots=tuple(sorted(plan.replaced)),
+        failures=tuple(current.failures),
         target_step=plan.target_step,
         timeline=timeline,
         recovery_seconds=timeline["first_step"] - timeline["detected"],
         stall_seconds=timeline["first_step"] - min(f["onset"] for f in current.failures),
         # The stall as each survivor saw it, detection included (the above starts later).
-        survivor_gap_seconds=survivor_gaps(last_commits, first_commits),
+        survivor_gap_seconds={str(slot): seconds for slot, seconds in gaps.items()},
         bytes_transferred=received,
         lost_steps=plan.lost_steps,
         recomputed_steps=len({s for s in current.in_flight if s > plan.target_step}),
-        sources=list(plan.sources),
-        receivers=list(plan.receivers),
+        sources=tuple(plan.sources),
+        receivers=tuple(plan.receivers),
     )
+    return Record(done)
 
 
 STEPS: dict[RecoveryStep, Step] = {

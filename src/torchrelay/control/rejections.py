@@ -13,17 +13,18 @@ from __future__ import annotations
 
 import threading
 
+from torchrelay.events import Rejected, RejectedSummary
 from torchrelay.ledger import Ledger
 
 SAMPLES = 5
 
 
-def worth_a_line(count: int) -> str | None:
+def worth_a_line(count: int) -> type[Rejected] | None:
     """Which ledger line the ``count``-th refusal of a reason gets: a sample, a summary, none."""
     if count <= SAMPLES:
-        return "rejected_message"
+        return Rejected
     if count & (count - 1) == 0:
-        return "rejected_summary"
+        return RejectedSummary
     return None
 
 
@@ -41,7 +42,8 @@ class Rejections:
             count = self._counts[reason] = self._counts.get(reason, 0) + 1
         event = worth_a_line(count)
         if event is not None:
-            self._ledger.record(event, reason=reason, count=count, detail=detail, peer=peer)
+            line = event(reason=reason, count=count, detail=detail, peer=peer)
+            self._ledger.write(line.to_json())
 
     def counts(self) -> dict[str, int]:
         """Refusals so far by reason (empty when there were none)."""

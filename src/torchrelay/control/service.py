@@ -31,6 +31,13 @@ from torchrelay.control.client import SERVICE
 from torchrelay.control.controller import Controller
 from torchrelay.control.errors import FencedError, ProtocolError
 from torchrelay.control.outbox import Outbox
+from torchrelay.control.protocol import (
+    JoinRequest,
+    NodeJoin,
+    Wire,
+    decode_node_report,
+    decode_report,
+)
 from torchrelay.control.replay import FRESHNESS_WINDOW, ReplayGuard
 from torchrelay.control.wire import MAX_MESSAGE_BYTES, WireError, open_sealed, seal
 
@@ -92,17 +99,22 @@ class ControlServer:
             ]
         )
         c = self.controller
+        # Requests are decoded here, at the edge: the controller sees only typed messages.
         handlers = {
-            "Join": grpc.unary_unary_rpc_method_handler(self._unary(self._join)),
+            "Join": grpc.unary_unary_rpc_method_handler(
+                self._unary(lambda body: c.join(_name(body), JoinRequest.from_wire(body)))
+            ),
             "Report": grpc.unary_unary_rpc_method_handler(
-                self._unary(lambda body: c.report(str(body["process"]), str(body["kind"]), body))
+                self._unary(lambda body: c.report(_name(body), decode_report(body)))
             ),
             "Status": grpc.unary_unary_rpc_method_handler(self._unary(lambda _: c.status())),
             "NodeJoin": grpc.unary_unary_rpc_method_handler(
-                self._unary(lambda body: c.join_node(str(body["node"])))
+                self._unary(lambda body: c.join_node(NodeJoin.from_wire(body).node))
             ),
             "NodeReport": grpc.unary_unary_rpc_method_handler(
-                self._unary(lambda body: c.node_report(str(body["node"]), str(body["kind"]), body))
+                self._unary(
+                    lambda body: c.node_report(_name(body, "node"), decode_node_report(body))
+                )
             ),
             "Chaos": grpc.unary_unary_rpc_method_handler(
                 self._unary(
@@ -190,13 +202,14 @@ class ControlServer:
 
     def _unary(
         self,
-        handler: Callable[[dict[str, Any]], dict[str, Any]],
+        handler: Callable[[dict[str, Any]], dict[str, Any] | Wire | None],
         pool: concurrent.futures.Executor | None = None,
     ) -> Callable[[bytes, grpc.aio.ServicerContext], Awaitable[bytes]]:
         async def call(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
             body = await self._open(request, context)
             try:
-                return seal(await self._call(handler, body, pool=pool), self._token)
+                answer = await self._call(handler, body, pool=pool)
+                return seal(_encode(answer), self._token)
             except FencedError as exc:
                 await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"fenced: {exc}")
             except (ProtocolError, KeyError, TypeError, ValueError) as exc:
@@ -204,15 +217,6 @@ class ControlServer:
             raise AssertionError("unreachable")
 
         return call
-
-    def _join(self, body: dict[str, Any]) -> dict[str, Any]:
-        return self.controller.join(
-            str(body["process"]),
-            str(body["role"]),
-            int(body["pid"]),
-            str(body["node"]),
-            None if body.get("slot") is None else int(body["slot"]),
-        )
 
     # ------------------------------------------------------------------ streams
     def _stream(
@@ -290,3 +294,18 @@ class ControlServer:
                 # (after stop() nobody is left to act on it).
                 with contextlib.suppress(RuntimeError):
                     self._pool.submit(self.controller.node_stream_closed, str(body["node"]))
+
+
+def _name(body: dict[str, Any], key: str = "process") -> str:
+    """The sender's ``process`` (added by the client) or ``node`` named in a request."""
+    name = body.get(key)
+    if not isinstance(name, str) or not name:
+        raise ProtocolError(f"the request names no {key}")
+    return name
+
+
+def _encode(answer: dict[str, Any] | Wire | None) -> dict[str, Any]:
+    """A controller's answer as the JSON object to seal (an empty one for none)."""
+    if answer is None:
+        return {}
+    return answer.to_wire() if isinstance(answer, Wire) else answer

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from torchrelay.config import JobConfig
 from torchrelay.control.actions import Action, SendToNode, StartLocalSpare
+from torchrelay.control.protocol import StartSpare
 from torchrelay.control.state import GONE, JobState, Member, MemberState, Role
 from torchrelay.control.verdicts import missing_spares
 
@@ -29,7 +30,7 @@ def start_spare(job: JobState) -> list[Action]:
     job.spares_launching[node] = job.spares_launching.get(node, 0) + 1
     if node == job.local_node:
         return [StartLocalSpare()]
-    return [SendToNode(node, {"type": "start_spare"})]
+    return [SendToNode(node, StartSpare())]
 
 
 def ready_spares(job: JobState) -> list[Member]:

@@ -1,4 +1,7 @@
-"""Summarise a run directory's ledger: failures, recoveries, lost and recomputed work."""
+"""Summarise a run directory's ledger: failures, recoveries, lost and recomputed work.
+
+The ledger is read into typed events (:mod:`torchrelay.events`): a malformed event is an error
+(:class:`~torchrelay.ledger.LedgerError`), one of a newer version is skipped."""
 
 from __future__ import annotations
 
@@ -6,7 +9,20 @@ import itertools
 from pathlib import Path
 from typing import Any
 
-from torchrelay.ledger import read_ledger
+from torchrelay.events import (
+    ChaosFired,
+    Event,
+    Failure,
+    FencedRefused,
+    HangDetected,
+    JobEnd,
+    JobStart,
+    RecoveryAbandoned,
+    RecoveryDone,
+    Rejected,
+    Straggler,
+    read_events,
+)
 
 PHASES = (
     "detected",
@@ -24,67 +40,70 @@ def summarize(run_dir: Path) -> dict[str, Any]:
     path = run_dir / "ledger.jsonl"
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: is {run_dir} a torchrelay run directory?")
-    events = read_ledger(path)
-    start = next((e for e in events if e["event"] == "job_start"), None)
-    end = next((e for e in reversed(events) if e["event"] == "job_end"), None)
-    recoveries = [e for e in events if e["event"] == "recovery_done"]
-    abandoned = [e for e in events if e["event"] == "recovery_abandoned"]
+    events = read_events(path)
+    start = next((e for e in events if isinstance(e, JobStart)), None)
+    end = next((e for e in reversed(events) if isinstance(e, JobEnd)), None)
+    recoveries = [e for e in events if isinstance(e, RecoveryDone)]
+    abandoned = [e for e in events if isinstance(e, RecoveryAbandoned)]
     failures = []
-    for event in (e for e in events if e["event"] == "failure"):
+    for event in (e for e in events if isinstance(e, Failure)):
         recovery = next(
-            (r for r in recoveries if any(f["process"] == event["process"] for f in r["failures"])),
+            (r for r in recoveries if any(f["process"] == event.process for f in r.failures)),
             None,
         )
         entry = _failure_entry(event, recovery)
         # A recovery given up for want of spares names the step in flight exactly.
-        given_up = [a for a in abandoned if event["slot"] in a["slots"] and a["t"] >= event["t"]]
+        given_up = [a for a in abandoned if event.slot in a.slots and _t(a) >= _t(event)]
         if recovery is None and given_up:
-            entry["step"] = given_up[0]["step"]
+            entry["step"] = given_up[0].step
         failures.append(entry)
     recovered = [f for f in failures if f["recovered"]]
     return {
         "run_dir": str(run_dir),
-        "status": end["status"] if end else "running",
-        "reason": end.get("reason") if end else None,
-        "signal": end.get("signal") if end else None,  # what terminated it (SIGTERM, SIGINT)
-        "world_size": start["world_size"] if start else None,
-        "wall_seconds": (end["t"] - start["t"]) if start and end else None,
-        "steps_committed": end["steps_committed"] if end else None,
+        "status": end.status if end else "running",
+        "reason": end.reason if end else None,
+        "signal": end.signal if end else None,  # what terminated it (SIGTERM, SIGINT)
+        "world_size": start.world_size if start else None,
+        "wall_seconds": (_t(end) - _t(start)) if start and end else None,
+        "steps_committed": end.steps_committed if end else None,
         "failures": failures,
         "zero_loss_recoveries": sum(1 for f in recovered if f["lost_steps"] == 0),
         "recovered": len(recovered),
-        "chaos_fired": sum(1 for e in events if e["event"] == "chaos_fired"),
+        "chaos_fired": sum(1 for e in events if isinstance(e, ChaosFired)),
         "stragglers": [
-            {k: e[k] for k in ("process", "slot", "slowdown")}
+            {"process": e.process, "slot": e.slot, "slowdown": e.slowdown}
             for e in events
-            if e["event"] == "straggler"
+            if isinstance(e, Straggler)
         ],
-        "hangs_detected": sum(1 for e in events if e["event"] == "hang_detected"),
-        "refused_messages": sum(1 for e in events if e["event"] == "fenced_refused")
+        "hangs_detected": sum(1 for e in events if isinstance(e, HangDetected)),
+        "refused_messages": sum(1 for e in events if isinstance(e, FencedRefused))
         + _rejected(events, end),
     }
 
 
-def _rejected(events: list[dict[str, Any]], end: dict[str, Any] | None) -> int:
+def _t(event: Event) -> float:
+    return 0.0 if event.t is None else event.t  # every line has one; a stray one sorts first
+
+
+def _rejected(events: list[Event], end: JobEnd | None) -> int:
     """Requests the control server refused: the count in ``job_end``, or while the job runs,
     the highest count logged per reason (only a sample of them has a ledger line)."""
-    if end is not None and isinstance(end.get("rejected_requests"), dict):
-        return sum(end["rejected_requests"].values())
+    if end is not None and end.rejected_requests is not None:
+        return sum(end.rejected_requests.values())
     highest: dict[str, int] = {}
     for e in events:
-        if e["event"] in ("rejected_message", "rejected_summary"):
-            reason = str(e.get("reason"))
-            highest[reason] = max(highest.get(reason, 0), int(e.get("count", 1)))
+        if isinstance(e, Rejected):  # a sample or a summary
+            highest[e.reason] = max(highest.get(e.reason, 0), e.count)
     return sum(highest.values())
 
 
-def _failure_entry(event: dict[str, Any], recovery: dict[str, Any] | None) -> dict[str, Any]:
+def _failure_entry(event: Failure, recovery: RecoveryDone | None) -> dict[str, Any]:
     entry: dict[str, Any] = {
-        "rank": event["slot"],
-        "step": event.get("step", event["last_reported_step"] + 1),
-        "cause": event["cause"],
-        "kind": event["kind"],
-        "detected_by": event["detected_by"],
+        "rank": event.slot,
+        "step": event.last_reported_step + 1 if event.step is None else event.step,
+        "cause": event.cause,
+        "kind": event.kind,
+        "detected_by": event.detected_by,
         "recovered": recovery is not None,
         "recovery_seconds": None,
         "stall_seconds": None,
@@ -93,16 +112,16 @@ def _failure_entry(event: dict[str, Any], recovery: dict[str, Any] | None) -> di
         "bytes_transferred": None,
     }
     if recovery is not None:
-        timeline = recovery["timeline"]
+        timeline = recovery.timeline
         entry.update(
-            step=recovery["target_step"] + 1,
-            recovery_seconds=recovery["recovery_seconds"],
-            stall_seconds=recovery["stall_seconds"],
-            survivor_gap_seconds=recovery.get("survivor_gap_seconds", {}),
-            lost_steps=recovery["lost_steps"],
-            recomputed_steps=recovery["recomputed_steps"],
-            bytes_transferred=recovery["bytes_transferred"],
-            resumed_at_step=recovery["target_step"] + 1,
+            step=recovery.target_step + 1,
+            recovery_seconds=recovery.recovery_seconds,
+            stall_seconds=recovery.stall_seconds,
+            survivor_gap_seconds=recovery.survivor_gap_seconds or {},
+            lost_steps=recovery.lost_steps,
+            recomputed_steps=recovery.recomputed_steps,
+            bytes_transferred=recovery.bytes_transferred,
+            resumed_at_step=recovery.target_step + 1,
             phases={f"{a}->{b}": timeline[b] - timeline[a] for a, b in itertools.pairwise(PHASES)},
         )
     return entry

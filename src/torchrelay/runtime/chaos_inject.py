@@ -12,6 +12,7 @@ import threading
 import time
 
 from torchrelay.chaos import ChaosEvent
+from torchrelay.control.protocol import ChaosFired
 from torchrelay.runtime.facade import StableProcessGroup
 from torchrelay.runtime.timing import StepTimer
 
@@ -35,11 +36,11 @@ class ChaosInjection:
         for event in self._chaos:
             if event.action == "slow" and step >= event.step and phase == "forward":
                 if step == event.step:
-                    self._report("chaos_fired", id=event.id)
+                    self._send(ChaosFired(id=event.id))
                 # The injected fault itself: this rank computes slower from now on.
                 time.sleep(event.seconds)
             elif event.step == step and event.phase == phase and event.action != "slow":
-                self._report("chaos_fired", id=event.id)
+                self._send(ChaosFired(id=event.id))
                 self._inject(event.action)
 
     def _inject(self, action: str) -> None:

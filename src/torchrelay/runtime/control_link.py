@@ -8,6 +8,7 @@ a fenced worker or one whose controller is gone must never go on training.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import queue
 import sys
@@ -17,6 +18,17 @@ from typing import Any, NoReturn
 
 from torchrelay.control.client import ControlClient, ControlError
 from torchrelay.control.lease import HEARTBEAT_RPC_TIMEOUT, keep_alive
+from torchrelay.control.protocol import (
+    Abort,
+    ErrorReport,
+    Halted,
+    Lease,
+    Message,
+    Progress,
+    ProtocolError,
+    Report,
+    WarningReport,
+)
 from torchrelay.exits import EXIT_CONTROLLER_LOST, EXIT_FENCED
 from torchrelay.runtime.default_group import REINIT_ADVICE, is_reinit_error
 from torchrelay.runtime.facade import StableProcessGroup
@@ -37,36 +49,41 @@ class ControlLink:
     process_group: StableProcessGroup
     timer: StepTimer
     _client: ControlClient
-    _inbox: queue.Queue[dict[str, Any]]
+    _inbox: queue.Queue[Message]
     _closing: threading.Event
     _current_step: int | None
     _busy: str | None
     _last_commit_t: float | None
 
-    def _report(self, kind: str, **body: Any) -> dict[str, Any]:
-        if kind == "halted":  # how long the survivors stall is measured from their last commit
-            body.setdefault("last_commit_t", self._last_commit_t)
+    def _send(self, report: Report) -> dict[str, Any]:
+        """Send ``report`` from this process's generation."""
+        report = dataclasses.replace(report, generation=self.generation)
+        if isinstance(report, Halted) and report.last_commit_t is None:
+            # How long the survivors stall is measured from their last commit.
+            report = dataclasses.replace(report, last_commit_t=self._last_commit_t)
         try:
-            return self._client.report(kind, generation=self.generation, **body)
+            return self._client.send(report)
         except ControlError as exc:
             _die_on_control_error(exc)
             raise
 
-    def _warn(self, line: str, **details: Any) -> None:
+    def _warn(self, line: str, what: str, objects: tuple[str, ...] = ()) -> None:
         """Loudly: on stderr and in the job's ledger."""
         print(line, file=sys.stderr, flush=True)
-        self._report("warning", step=self.committed, message=line, **details)
+        self._send(WarningReport(step=self.committed, message=line, what=what, objects=objects))
 
     def _watch(self) -> None:
         try:
             for message in self._client.watch():
-                if message["type"] == "abort":
-                    self.guard.abort(int(message["generation"]))
-                    self.process_group.abort(int(message["generation"]))
+                if isinstance(message, Abort):
+                    self.guard.abort(message.generation)
+                    self.process_group.abort(message.generation)
                 self._inbox.put(message)
         except ControlError as exc:
             if not self._closing.is_set():
                 _die_on_control_error(exc)
+        except ProtocolError as exc:  # a controller of another version: nothing to follow
+            _leave(EXIT_CONTROLLER_LOST, f"cannot read the controller's message: {exc}")
 
     def _heartbeat(self) -> None:
         """Sign of life and progress, off the training thread (never on the critical path).
@@ -77,9 +94,7 @@ class ControlLink:
         """
 
         def beat() -> float:
-            reply = self._client.report(
-                "progress",
-                timeout=HEARTBEAT_RPC_TIMEOUT,
+            beat = Progress(
                 generation=self.generation,
                 step=self.committed,
                 step_age=self.timer.step_age(),
@@ -87,7 +102,8 @@ class ControlLink:
                 busy=self._busy,
                 **self.timer.medians(),
             )
-            return LEASE_FACTOR * float(reply["hang_timeout"])
+            reply = self._client.send(beat, timeout=HEARTBEAT_RPC_TIMEOUT)
+            return LEASE_FACTOR * Lease.from_wire(reply).hang_timeout
 
         def expired(silence: float, lease: float, error: ControlError) -> None:
             # Whatever the error (DEADLINE_EXCEEDED from a server that is gone, a cut link):
@@ -131,7 +147,7 @@ def install_excepthook(relay: ControlLink) -> None:
     def hook(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
         text = "".join(traceback.format_exception(kind, exc, tb))
         with contextlib.suppress(ControlError):
-            relay._client.report("error", step=relay._current_step, traceback=text, timeout=5.0)
+            relay._client.send(ErrorReport(step=relay._current_step, traceback=text), timeout=5.0)
         previous(kind, exc, tb)
         if is_reinit_error(exc):
             print(REINIT_ADVICE, file=sys.stderr, flush=True)

@@ -17,6 +17,17 @@ from typing import Any
 import torch.distributed as dist
 
 from torchrelay.chaos import ChaosEvent
+from torchrelay.control.protocol import (
+    Abort,
+    Done,
+    Finish,
+    Halted,
+    Message,
+    PhaseDone,
+    Plan,
+    Progress,
+    Ready,
+)
 from torchrelay.runtime.devices import new_group
 from torchrelay.runtime.env import RelayEnv
 from torchrelay.runtime.guard import GenerationAborted
@@ -80,17 +91,17 @@ class Recovery:
             self._retired.pop()
 
     def _await_assignment(self) -> None:
-        self._report("ready")
-        message = self._next_message("plan", "finish")
-        if message["type"] == "finish":
+        self._send(Ready())
+        message = self._next_message(Plan, Finish)
+        if not isinstance(message, Plan):
             self._closing.set()
             raise SystemExit(0)
         self._apply_plan(message)
 
     def _recover(self, in_flight: int | None) -> None:
-        self._report("halted", committed=self.committed, in_flight=in_flight)
-        message = self._next_message("plan", "finish")
-        if message["type"] == "finish":
+        self._send(Halted(committed=self.committed, in_flight=in_flight))
+        message = self._next_message(Plan, Finish)
+        if not isinstance(message, Plan):
             raise RuntimeError("the job ended while this worker was waiting to recover")
         self._apply_plan(message)
 
@@ -98,30 +109,31 @@ class Recovery:
         """Once per recovery: the first committed step (or the end, if no step was left)."""
         if self._first_after_recovery:
             self._first_after_recovery = False
-            self._report("progress", step=self.committed, first_after_recovery=True, t=time.time())
+            resumed = Progress(step=self.committed, first_after_recovery=True, t=time.time())
+            self._send(resumed)
 
     def _finish(self) -> bool:
         """At the last step: wait for the job's end, serving recoveries meanwhile."""
         self._report_resumed()
-        self._report("done", step=self.committed)
+        self._send(Done(step=self.committed))
         while True:
-            message = self._next_message("plan", "finish", "abort")
-            if message["type"] == "finish":
+            message = self._next_message(Plan, Finish, Abort)
+            if isinstance(message, Finish):
                 self._closing.set()
                 return True
-            if message["type"] == "abort" and message["generation"] == self.generation:
-                self._report("halted", committed=self.committed, in_flight=None)
-            elif message["type"] == "plan":
+            if isinstance(message, Abort) and message.generation == self.generation:
+                self._send(Halted(committed=self.committed, in_flight=None))
+            elif isinstance(message, Plan):
                 self._apply_plan(message)
                 return False
 
-    def _next_message(self, *kinds: str) -> dict[str, Any]:
+    def _next_message(self, *kinds: type[Message]) -> Message:
         while True:
             message = self._inbox.get()
-            if message["type"] in kinds:
+            if isinstance(message, kinds):
                 return message
 
-    def _apply_plan(self, plan: dict[str, Any]) -> None:
+    def _apply_plan(self, plan: Plan) -> None:
         """Join the plan's generation and send or receive state; retry on newer plans.
 
         If the generation is aborted (a member died meanwhile) or the transfer fails, report
@@ -133,25 +145,24 @@ class Recovery:
                 self._enter(plan)
                 return
             except (GenerationAborted, RuntimeError) as exc:
-                self._report(
-                    "halted",
+                halted = Halted(
                     committed=self.committed,
                     in_flight=None,
                     valid=self._state_valid,
                     reason=str(exc),
                 )
-                plan = self._next_message("plan")
+                self._send(halted)
+                plan = self._next_message(Plan)  # type: ignore[assignment]
 
-    def _enter(self, plan: dict[str, Any]) -> None:
-        generation, slot = int(plan["generation"]), int(plan["slot"])
-        target = int(plan["target_step"])
-        sources, receivers = list(plan["sources"]), list(plan["receivers"])
+    def _enter(self, plan: Plan) -> None:
+        generation, slot, target = plan.generation, plan.slot, plan.target_step
+        sources, receivers = list(plan.sources), list(plan.receivers)
         # A survivor's degraded hardware stays degraded: it keeps its own slow events.
         kept = [e for e in self._chaos if e.action == "slow"]
-        handed = [ChaosEvent.from_dict(e) for e in plan["chaos"]]
+        handed = [ChaosEvent.from_dict(e) for e in plan.chaos]
         self._chaos = kept + [e for e in handed if e not in kept]
         self._bind(generation, slot)
-        self._report("phase", phase="comm_ready", t=time.time())
+        self._send(PhaseDone(phase="comm_ready", t=time.time()))
         self._maybe_fire("transfer", step=target + 1)
         own = self.tracked.state()
         inner = self.process_group.inner
@@ -193,11 +204,11 @@ class Recovery:
                     self._warn(warning, what="local_state_inexact")
         else:
             result = None
-        self._report(
-            "phase",
+        done = PhaseDone(
             phase="transfer_done",
             t=time.time(),
             bytes=0 if result is None else result.bytes,
             seconds=0.0 if result is None else result.seconds,
         )
+        self._send(done)
         self._first_after_recovery = True

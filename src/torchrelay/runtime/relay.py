@@ -36,6 +36,7 @@ from torch.utils.data import DataLoader
 
 from torchrelay.chaos import ChaosEvent
 from torchrelay.control.client import ControlClient
+from torchrelay.control.protocol import JoinAnswer, MaxSteps, Message
 from torchrelay.runtime import default_group
 from torchrelay.runtime.chaos_inject import ChaosInjection
 from torchrelay.runtime.control_link import ControlLink, install_excepthook
@@ -60,15 +61,13 @@ from torchrelay.runtime.tracked import TrackedState, TrackingError
 class Relay(ControlLink, Recovery, ChaosInjection):
     """One process's membership in a torchrelay job. Create it with :func:`init`."""
 
-    def __init__(
-        self, env: RelayEnv, client: ControlClient, joined: dict[str, Any], seed: int
-    ) -> None:
+    def __init__(self, env: RelayEnv, client: ControlClient, joined: JoinAnswer, seed: int) -> None:
         self.env = env
         self.seed = seed
         self.device = select_device(env.local_rank)
         self.world_size = env.world_size
         self.rank: int | None = env.rank
-        self.generation = int(joined["generation"])
+        self.generation = joined.generation
         self.committed = -1
         self.guard = StepGuard()
         self.process_group = StableProcessGroup(env.world_size, self.guard)
@@ -77,12 +76,12 @@ class Relay(ControlLink, Recovery, ChaosInjection):
         self.steps_per_epoch: int | None = None
         self._agreement = AgreementCheck()
         self._client = client
-        self._timeout = datetime.timedelta(seconds=float(joined["collective_timeout"]))
+        self._timeout = datetime.timedelta(seconds=joined.collective_timeout)
         self._store = dist.TCPStore(
             env.master_addr, env.master_port, is_master=False, timeout=self._timeout
         )
-        self._chaos = [ChaosEvent.from_dict(e) for e in joined["chaos"]]
-        self._inbox: queue.Queue[dict[str, Any]] = queue.Queue()
+        self._chaos = [ChaosEvent.from_dict(e) for e in joined.chaos]
+        self._inbox: queue.Queue[Message] = queue.Queue()
         self._closing = threading.Event()
         self._current_step: int | None = None
         self._busy: str | None = None
@@ -191,7 +190,7 @@ class Relay(ControlLink, Recovery, ChaosInjection):
         """
         self.steps_per_epoch = self._epoch_length(dataset, batch_size)
         # The controller refuses any step claim beyond it (and a rank that disagrees).
-        self._report("max_steps", max_steps=max_steps)
+        self._send(MaxSteps(max_steps=max_steps))
         fix_all_buckets(self.process_group)  # DDPs built over our group but not tracked
         if self.is_spare:
             if start_step:
@@ -279,7 +278,7 @@ class Relay(ControlLink, Recovery, ChaosInjection):
         )
         if found and self.rank == 0:
             self._warn(
-                describe(found, step), what="replicated_state_differs", objects=sorted(found)
+                describe(found, step), what="replicated_state_differs", objects=tuple(sorted(found))
             )
 
     def _prepare_ddp(self, model: DistributedDataParallel) -> None:

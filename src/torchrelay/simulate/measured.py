@@ -1,23 +1,24 @@
 """Live-recovery figures measured by a real torchrelay run, read from its ``ledger.jsonl``.
 
-Tolerant by design: a ledger is written by a process that may crash, so torn lines, lines
-that are not JSON objects, and fields of the wrong type are skipped, not fatal.
+Read through the typed events (:mod:`torchrelay.events`), tolerant by design: a ledger is
+written by a process that may crash, so torn lines, lines that are not JSON objects, and
+malformed events (a field missing or of the wrong type) are skipped, not fatal; so are events
+of a newer version.
 
 * recovery time: median ``recovery_seconds`` over ``recovery_done`` events;
-* coverage: ``recovery_done`` events with ``lost_steps == 0`` per ``failure`` event (a
-  recovery that does not report ``lost_steps`` is not counted as lossless), capped at 1;
+* coverage: ``recovery_done`` events with ``lost_steps == 0`` per ``failure`` event, capped
+  at 1;
 * overhead: the last ``bench`` event's ``overhead``, else the value given by the caller.
 """
 
 from __future__ import annotations
 
-import math
 import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
-from torchrelay.ledger import LedgerError, read_ledger
+from torchrelay.events import Bench, Failure, RecoveryDone, read_events
+from torchrelay.ledger import LedgerError
 from torchrelay.simulate.errors import ScenarioError
 from torchrelay.simulate.params import LiveRecovery
 
@@ -41,12 +42,6 @@ class RunMeasurement:
         return replace(live, recovery_s=recovery_s, coverage=self.coverage, overhead=self.overhead)
 
 
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
 def measure_run(run_dir: Path, default_overhead: float) -> RunMeasurement:
     """Measure ``run_dir/ledger.jsonl``; raises ``ScenarioError`` when there is no ledger or
     it records no failure (so coverage cannot be measured)."""
@@ -56,20 +51,19 @@ def measure_run(run_dir: Path, default_overhead: float) -> RunMeasurement:
             f"--from-run {run_dir}: no ledger.jsonl there; pass a torchrelay run dir"
         )
     try:
-        events = read_ledger(ledger)
+        events = read_events(ledger, strict=False)
     except LedgerError as err:
         raise ScenarioError(f"--from-run: {err}") from None
-    failures = sum(1 for e in events if e["event"] == "failure")
+    failures = sum(1 for e in events if isinstance(e, Failure))
     if failures == 0:
         raise ScenarioError(
             f"--from-run {ledger}: no 'failure' events, so coverage cannot be measured; "
             "use a run with failures (e.g. chaos injection) or drop --from-run"
         )
-    done = [e for e in events if e["event"] == "recovery_done"]
-    seconds = [s for s in (_number(e.get("recovery_seconds")) for e in done) if s is not None]
-    lossless = sum(1 for e in done if _number(e.get("lost_steps")) == 0)
-    benches = [o for o in (_number(e.get("overhead")) for e in events if e["event"] == "bench")]
-    measured = [o for o in benches if o is not None]
+    done = [e for e in events if isinstance(e, RecoveryDone)]
+    seconds = [e.recovery_seconds for e in done]
+    lossless = sum(1 for e in done if e.lost_steps == 0)
+    measured = [e.overhead for e in events if isinstance(e, Bench)]
     return RunMeasurement(
         run_dir=run_dir,
         failures=failures,

@@ -1,0 +1,342 @@
+"""Every control message, typed: what workers, node agents and the controller say to each other.
+
+Four directions, each a family of frozen dataclasses named on the wire by one key:
+
+* worker -> controller (``Report``, key ``kind``): ``max_steps``, ``progress``, ``ready``,
+  ``halted``, ``phase``, ``done``, ``error``, ``chaos_fired``, ``warning``; plus the
+  ``Join`` request and its :class:`JoinAnswer`, and the heartbeat's :class:`Lease`;
+* controller -> worker, on its watch stream (``Message``, key ``type``): ``abort``, ``plan``,
+  ``finish``;
+* node agent -> controller (``NodeReport``, key ``kind``): ``heartbeat``, ``exit``, ``chaos``
+  (its notice about a drill); plus :class:`NodeJoin` and :class:`NodeJoinAnswer`;
+* controller -> node agent (``Command``, key ``type``): ``start_spare``, ``signal``, ``chaos``,
+  ``finish``.
+
+``to_wire()`` is the JSON object that is sealed (:mod:`torchrelay.control.wire`); the client adds
+the sender's ``process`` to a request. ``from_wire(obj)`` checks every field's type and range
+and raises :class:`ProtocolError` with one line (the controller answers ``INVALID_ARGUMENT``);
+:func:`decode_report`, :func:`decode_node_report`, :func:`decode_message` and
+:func:`decode_command` dispatch on the key. Steps are ``>= -1`` (``-1``: none committed yet),
+generations, slots, pids and byte counts ``>= 0``. A step claim that is well-formed but does
+not fit the job (beyond ``max_steps``, going backwards) is the controller's to judge
+(:mod:`torchrelay.control.claims`), not the decoder's.
+
+Imports neither torch nor the controller: workers and operators' tools load it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from torchrelay.chaos import NODE_ACTIONS
+from torchrelay.control.errors import ProtocolError
+from torchrelay.typed import Plain, at_least, optional, registry, step
+
+GENERATION = "a generation (an integer >= 0)"
+# A spare is in no generation until a plan gives it a slot.
+MEMBER_GENERATION = "a generation (an integer >= 0, or -1 for a spare without a slot)"
+ROLES = ("worker", "spare")
+
+
+class Wire(Plain):
+    """A control message: ``to_wire`` / ``from_wire`` over :class:`Plain`."""
+
+    ERROR: ClassVar[type[Exception]] = ProtocolError
+
+    def to_wire(self) -> dict[str, Any]:
+        return self.to_plain()
+
+    @classmethod
+    def from_wire(cls, wire: Any) -> Any:
+        return cls.from_plain(wire)
+
+
+def _generation() -> Any:
+    return at_least(-1, MEMBER_GENERATION, default=None, omit=True)
+
+
+# --------------------------------------------------------------------- worker -> controller
+@dataclass(frozen=True, kw_only=True)
+class JoinRequest(Wire):
+    """A worker (naming its ``slot``) or a spare (``slot`` None) joins the job."""
+
+    role: str
+    pid: int = at_least(0, "a process id (an integer >= 0)")
+    node: str
+    slot: int | None = at_least(0, "a slot (an integer >= 0)", default=None)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.role not in ROLES:
+            self._refuse(f"unknown role {self.role!r} (expected one of {', '.join(ROLES)})")
+
+
+@dataclass(frozen=True, kw_only=True)
+class JoinAnswer(Wire):
+    """What a process learns on joining: the job's size, its generation, its chaos events."""
+
+    world_size: int = at_least(1, "a world size (an integer >= 1)")
+    generation: int = at_least(-1, MEMBER_GENERATION)
+    chaos: tuple[dict[str, Any], ...] = ()
+    collective_timeout: float = at_least(0.0, "a timeout in seconds (>= 0)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Report(Wire):
+    """A worker's report; ``generation`` is the one it reports from (None: not said)."""
+
+    KEY: ClassVar[str] = "kind"
+    generation: int | None = _generation()
+
+
+@dataclass(frozen=True, kw_only=True)
+class MaxSteps(Report):
+    TAG: ClassVar[str] = "max_steps"
+    max_steps: int = at_least(0, "a number of steps (an integer >= 0)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Progress(Report):
+    """A heartbeat (with the worker's timings and what it waits on), or -- with
+    ``first_after_recovery`` -- the first step it committed after a recovery, at time ``t``."""
+
+    TAG: ClassVar[str] = "progress"
+    step: int = step()
+    step_age: float | None = optional()
+    waiting: float | None = optional()
+    busy: str | None = optional()
+    step_seconds: float | None = optional()
+    compute_seconds: float | None = optional()
+    first_after_recovery: bool | None = optional()
+    t: float | None = optional()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Ready(Report):
+    """A spare reached its first step boundary: it can take a slot."""
+
+    TAG: ClassVar[str] = "ready"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Halted(Report):
+    """The worker stopped at ``committed`` (``in_flight``: the step it dropped); ``valid``
+    False when its state may be half-overwritten; ``reason`` when a plan could not be entered."""
+
+    TAG: ClassVar[str] = "halted"
+    committed: int = step()
+    in_flight: int | None = at_least(0, "a step (an integer >= 0)", default=None)
+    last_commit_t: float | None = optional()
+    valid: bool | None = optional()
+    reason: str | None = optional()
+
+
+@dataclass(frozen=True, kw_only=True)
+class PhaseDone(Report):
+    """A phase of a recovery (``comm_ready``, ``transfer_done``) done at ``t``, its own clock."""
+
+    TAG: ClassVar[str] = "phase"
+    phase: str
+    t: float | None = optional()
+    bytes: int | None = at_least(0, "a byte count (an integer >= 0)", default=None, omit=True)
+    seconds: float | None = at_least(0.0, "a duration (>= 0)", default=None, omit=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Done(Report):
+    TAG: ClassVar[str] = "done"
+    step: int = step()
+
+
+@dataclass(frozen=True, kw_only=True)
+class ErrorReport(Report):
+    """The script raised (``step``: the step it was in, None outside the loop)."""
+
+    TAG: ClassVar[str] = "error"
+    step: int | None = at_least(-1, "a step (an integer >= -1)", default=None)
+    traceback: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChaosFired(Report):
+    TAG: ClassVar[str] = "chaos_fired"
+    id: int = at_least(0, "a chaos event id (an integer >= 0)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class WarningReport(Report):
+    """A finding about the user's state (``what``: its kind; ``objects``: the names)."""
+
+    TAG: ClassVar[str] = "warning"
+    step: int | None = None
+    message: str
+    what: str = ""
+    objects: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Lease(Wire):
+    """The answer to a heartbeat: the hang timeout, of which the worker's lease is a multiple."""
+
+    hang_timeout: float = at_least(0.0, "a timeout in seconds (>= 0)")
+
+
+# --------------------------------------------------------------------- controller -> worker
+@dataclass(frozen=True, kw_only=True)
+class Message(Wire):
+    KEY: ClassVar[str] = "type"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Abort(Message):
+    """Generation ``generation`` is over: drop the step in flight and report halted."""
+
+    TAG: ClassVar[str] = "abort"
+    generation: int = at_least(0, GENERATION)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan(Message):
+    """Enter ``generation`` as ``slot``: sources send the state at ``target_step`` to the
+    receivers; ``chaos``: the slot's pending chaos events."""
+
+    TAG: ClassVar[str] = "plan"
+    generation: int = at_least(0, GENERATION)
+    target_step: int = step()
+    sources: tuple[int, ...]
+    receivers: tuple[int, ...]
+    assignments: dict[str, str]
+    slot: int = at_least(0, "a slot (an integer >= 0)")
+    chaos: tuple[dict[str, Any], ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Finish(Message):
+    """The job is over (on a worker's stream and on a node agent's)."""
+
+    TAG: ClassVar[str] = "finish"
+
+
+# --------------------------------------------------------------------- node agent -> controller
+@dataclass(frozen=True, kw_only=True)
+class NodeJoin(Wire):
+    node: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeJoinAnswer(Wire):
+    world_size: int = at_least(1, "a world size (an integer >= 1)")
+    node_timeout: float = at_least(0.0, "a timeout in seconds (>= 0)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeReport(Wire):
+    KEY: ClassVar[str] = "kind"
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeHeartbeat(NodeReport):
+    TAG: ClassVar[str] = "heartbeat"
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeExit(NodeReport):
+    """Process ``exited`` ended with ``returncode`` (negative: killed by that signal)."""
+
+    TAG: ClassVar[str] = "exit"
+    exited: str
+    returncode: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChaosNotice(NodeReport):
+    """What the agent does about a node drill: ``ok`` (with the interfaces it cuts and for how
+    long), or why it cannot (``error``)."""
+
+    TAG: ClassVar[str] = "chaos"
+    fault: str
+    ok: bool
+    interfaces: tuple[str, ...] | None = optional()
+    seconds: float | None = optional()
+    error: str | None = optional()
+
+    def details(self) -> dict[str, Any]:
+        """The notice as the operator's ``torchrelay chaos`` and the ledger show it."""
+        return {k: v for k, v in self.to_wire().items() if k != self.KEY}
+
+
+# --------------------------------------------------------------------- controller -> node agent
+@dataclass(frozen=True, kw_only=True)
+class Command(Wire):
+    KEY: ClassVar[str] = "type"
+
+
+@dataclass(frozen=True, kw_only=True)
+class StartSpare(Command):
+    TAG: ClassVar[str] = "start_spare"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Signal(Command):
+    TAG: ClassVar[str] = "signal"
+    process: str
+    signal: int = at_least(1, "a signal number (an integer >= 1)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Chaos(Command):
+    """Carry out a node drill: ``partition`` for ``seconds``, or ``kill-node``."""
+
+    TAG: ClassVar[str] = "chaos"
+    fault: str
+    seconds: float = at_least(0.0, "a duration (>= 0)", default=0.0)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.fault not in NODE_ACTIONS:
+            self._refuse(f"unknown node fault {self.fault!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class FinishNode(Command):
+    """The job is over: the node agent stops serving (``{"type": "finish"}`` as for workers)."""
+
+    TAG: ClassVar[str] = "finish"
+
+
+REPORTS = registry(
+    MaxSteps, Progress, Ready, Halted, PhaseDone, Done, ErrorReport, ChaosFired, WarningReport
+)
+NODE_REPORTS = registry(NodeHeartbeat, NodeExit, ChaosNotice)
+MESSAGES = registry(Abort, Plan, Finish)
+COMMANDS = registry(StartSpare, Signal, Chaos, FinishNode)
+
+
+def _decode(family: dict[str, type[Plain]], key: str, what: str, wire: Any) -> Any:
+    if not isinstance(wire, dict):
+        raise ProtocolError(f"a {what} must be a JSON object, not {type(wire).__name__}")
+    cls = family.get(wire.get(key))  # type: ignore[arg-type]
+    if cls is None:
+        raise ProtocolError(f"unknown {what} {key} {wire.get(key)!r}")
+    return cls.from_plain(wire)
+
+
+def decode_report(wire: Any) -> Report:
+    """A worker's report, by its ``kind``."""
+    return _decode(REPORTS, "kind", "report", wire)
+
+
+def decode_node_report(wire: Any) -> NodeReport:
+    """A node agent's report, by its ``kind``."""
+    return _decode(NODE_REPORTS, "kind", "node report", wire)
+
+
+def decode_message(wire: Any) -> Message:
+    """A message on a worker's watch stream, by its ``type``."""
+    return _decode(MESSAGES, "type", "message", wire)
+
+
+def decode_command(wire: Any) -> Command:
+    """A command on a node agent's stream, by its ``type``."""
+    return _decode(COMMANDS, "type", "command", wire)

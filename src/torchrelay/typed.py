@@ -1,0 +1,148 @@
+"""Frozen dataclasses that cross a boundary as plain JSON: control messages, ledger events.
+
+A :class:`Plain` subclass declares its fields with type hints (``int``, ``float``, ``str``,
+``bool``, ``X | None``, ``tuple[X, ...]``, ``dict[str, X]``, ``Any``) and, where a number
+has a floor, :func:`at_least`. :meth:`Plain.from_plain` checks every field of a decoded JSON
+object against its hint and floor and raises the class's ``ERROR`` with one line naming the
+message and the field; fields it does not know are ignored (a newer sender may add some).
+:meth:`Plain.to_plain` gives the JSON object back: tuples as lists, and a field declared with
+:func:`optional` left out while it is ``None`` (so the wire keeps the shape it had).
+
+Imports neither torch nor the controller: workers and operators' tools load it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import types
+import typing
+from typing import Any, ClassVar
+
+MISSING = dataclasses.MISSING
+OMIT = {"omit": True}
+"""The metadata of a field left out of the JSON while it is ``None``."""
+
+
+def optional(**metadata: Any) -> Any:
+    """A field that defaults to ``None`` and is left out of the JSON while it is ``None``."""
+    return dataclasses.field(default=None, metadata={"omit": True, **metadata})
+
+
+def at_least(floor: float, what: str, default: Any = MISSING, omit: bool = False) -> Any:
+    """A number field that must be ``>= floor`` (``what`` says so in the error)."""
+    meta = {"floor": floor, "what": what, "omit": omit}
+    return dataclasses.field(default=default, metadata=meta)
+
+
+STEP = "a step number (an integer >= -1)"
+
+
+def step(default: Any = MISSING) -> Any:
+    """A committed step: ``-1`` (none yet) or more."""
+    return at_least(-1, STEP, default)
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _conforms(value: Any, hint: Any) -> bool:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_conforms(value, arg) for arg in args)
+    if hint is Any:
+        return True
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return number and math.isfinite(value)
+    if hint is str:
+        return isinstance(value, str)
+    if origin is tuple:
+        return isinstance(value, (list, tuple)) and all(_conforms(v, args[0]) for v in value)
+    if origin is dict:
+        return isinstance(value, dict) and all(
+            isinstance(k, str) and _conforms(v, args[1]) for k, v in value.items()
+        )
+    raise TypeError(f"unsupported field type {hint!r}")
+
+
+def _convert(value: Any, hint: Any) -> Any:
+    """JSON lists become the tuples the frozen classes hold; integers for floats, floats."""
+    if isinstance(value, list):
+        return tuple(value)
+    wants_float = hint is float or float in typing.get_args(hint)
+    if wants_float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+class Plain:
+    """Base of the typed messages and events (see the module docstring)."""
+
+    ERROR: ClassVar[type[Exception]] = ValueError
+    KEY: ClassVar[str | None] = None  # the key naming the class on the wire ("kind", "type")
+    TAG: ClassVar[str] = ""  # its value for this class
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            floor = f.metadata.get("floor")
+            value = getattr(self, f.name)
+            if floor is not None and value is not None and value < floor:
+                self._refuse(f"{f.name} {value!r} is not {f.metadata['what']}")
+
+    @classmethod
+    def _refuse(cls, why: str) -> typing.NoReturn:
+        raise cls.ERROR(f"{cls.TAG or cls.__name__}: {why}")
+
+    def to_plain(self) -> dict[str, Any]:
+        plain: dict[str, Any] = {self.KEY: self.TAG} if self.KEY else {}
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            if value is None and f.metadata.get("omit"):
+                continue
+            plain[f.name] = list(value) if isinstance(value, tuple) else value
+        return plain
+
+    @classmethod
+    def from_plain(cls, plain: Any) -> Any:
+        if not isinstance(plain, dict):
+            cls._refuse(f"expected a JSON object, got {type(plain).__name__}")
+        if cls.KEY and plain.get(cls.KEY) != cls.TAG:
+            cls._refuse(f"{cls.KEY} is {plain.get(cls.KEY)!r}, not {cls.TAG!r}")
+        values: dict[str, Any] = {}
+        hints = _hints(cls)
+        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+            if f.name not in plain:
+                if f.default is MISSING and f.default_factory is MISSING:
+                    cls._refuse(f"missing field {f.name!r}")
+                continue
+            value = plain[f.name]
+            if not _conforms(value, hints[f.name]):
+                what = f.metadata.get("what") or _describe(hints[f.name])
+                cls._refuse(f"{f.name} {_short(value)} is not {what}")
+            values[f.name] = _convert(value, hints[f.name])
+        return cls(**values)
+
+
+def _describe(hint: Any) -> str:
+    name = getattr(hint, "__name__", None)
+    return f"a {name}" if name in ("int", "float", "str", "bool") else f"of type {hint}"
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def registry(*classes: type[Plain]) -> dict[str, type[Plain]]:
+    """``{TAG: class}`` for a dispatch by tag."""
+    return {cls.TAG: cls for cls in classes}
