@@ -134,8 +134,17 @@ class Plain:
 
 
 def _describe(hint: Any) -> str:
-    name = getattr(hint, "__name__", None)
-    return f"a {name}" if name in ("int", "float", "str", "bool") else f"of type {hint}"
+    """What a value of ``hint`` is, in words: ``a float or null``, ``a list of str``..."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join("null" if a is type(None) else _describe(a) for a in args)
+    if origin is tuple:
+        return f"a list of {_describe(args[0]).removeprefix('a ')}"
+    if origin is dict:
+        return f"an object of {_describe(args[1]).removeprefix('a ')}"
+    if hint is Any:
+        return "a JSON value"
+    return f"a {getattr(hint, '__name__', hint)}"
 
 
 def _short(value: Any) -> str:
