@@ -124,6 +124,7 @@ MALFORMED = [
     (p.decode_report, {"kind": "warning", "message": "m", "objects": [1]}, "objects [1] is not"),
     (p.decode_report, {"kind": "explode"}, "unknown report kind 'explode'"),
     (p.decode_report, {"step": 1}, "unknown report kind None"),
+    (p.decode_report, {"kind": ["progress"]}, "unknown report kind ['progress']"),
     (p.decode_report, [1, 2], "a report must be a JSON object, not list"),
     (p.decode_node_report, {"kind": "exit", "exited": "w0"}, "missing field 'returncode'"),
     (p.decode_node_report, {"kind": "reboot"}, "unknown node report kind 'reboot'"),

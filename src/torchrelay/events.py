@@ -364,7 +364,8 @@ EVENTS = registry(
 
 def parse_event(entry: dict[str, Any]) -> Event | None:
     """The typed event of a ledger line's object; None for an event this version does not know."""
-    cls = EVENTS.get(entry.get("event"))  # type: ignore[arg-type]
+    name = entry.get("event")
+    cls = EVENTS.get(name) if isinstance(name, str) else None
     return None if cls is None else cls.from_plain(entry)
 
 

@@ -316,9 +316,10 @@ COMMANDS = registry(StartSpare, Signal, Chaos, FinishNode)
 def _decode(family: dict[str, type[Plain]], key: str, what: str, wire: Any) -> Any:
     if not isinstance(wire, dict):
         raise ProtocolError(f"a {what} must be a JSON object, not {type(wire).__name__}")
-    cls = family.get(wire.get(key))  # type: ignore[arg-type]
+    tag = wire.get(key)
+    cls = family.get(tag) if isinstance(tag, str) else None
     if cls is None:
-        raise ProtocolError(f"unknown {what} {key} {wire.get(key)!r}")
+        raise ProtocolError(f"unknown {what} {key} {tag!r}")
     return cls.from_plain(wire)
 
 
