@@ -216,6 +216,7 @@ def test_every_event_round_trips_through_its_ledger_line():
     for event in EVENTS:
         line = json.loads(json.dumps(event.to_json()))
         assert list(line)[:2] == ["t", "event"] and line["event"] == event.TAG
+        assert isinstance(line["t"], float)  # stamped when written, unless the event has one
         stamped = type(event).from_json({**event.to_json(), "t": 5.0})
         assert ev.parse_event(_through_json(stamped.to_json())) == stamped
 
@@ -225,7 +226,8 @@ def test_every_event_round_trips_through_its_ledger_line():
     [
         ({"t": 1.0, "event": "failure"}, "failure: missing field 'slot'"),
         ({"t": 1.0, "event": "training_done", "steps_committed": "ten"}, "steps_committed"),
-        ({"t": "noon", "event": "spare_ready", "process": "s"}, "t 'noon' is not a float or null"),
+        ({"t": "noon", "event": "spare_ready", "process": "s"}, "t 'noon' is not a time"),
+        ({"event": "spare_ready", "process": "s"}, "t None is not a time"),
     ],
 )
 def test_malformed_events_are_refused_with_one_line(line, message):
@@ -255,5 +257,6 @@ def test_a_real_jobs_ledger_reads_entirely_into_typed_events(tmp_path: Path) -> 
     typed = ev.read_events(path)  # strict: a malformed line would raise
     assert [e.TAG for e in typed] == [line["event"] for line in lines]  # none unknown
     assert [e.to_json() for e in typed] == lines  # and each reads back to its very line
+    assert all(isinstance(line["t"], float) for line in lines)
     kinds = {type(e) for e in typed}
     assert {ev.JobStart, ev.Failure, ev.RecoveryPlanned, ev.RecoveryDone, ev.JobEnd} <= kinds

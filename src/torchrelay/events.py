@@ -24,19 +24,24 @@ from torchrelay.typed import OMIT, Plain, optional, registry
 
 @dataclass(frozen=True, kw_only=True)
 class Event(Plain):
-    """A ledger event; ``t`` None: stamped with the time it is written."""
+    """A ledger event; ``t`` None: stamped with the time it is written (every line has one)."""
 
     ERROR: ClassVar[type[Exception]] = LedgerError
     KEY: ClassVar[str] = "event"
     t: float | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        plain = self.to_plain()
-        return {"t": time.time() if self.t is None else self.t, **plain}
-
     @classmethod
     def from_json(cls, entry: Any) -> Any:
+        if isinstance(entry, dict) and not isinstance(entry.get("t"), (int, float)):
+            cls._refuse(f"t {entry.get('t')!r} is not a time (the seconds of the epoch)")
         return cls.from_plain(entry)
+
+    def to_json(self) -> dict[str, Any]:
+        """The ledger line's object: ``t`` first (now, unless the event has its own), then
+        ``event`` and the fields."""
+        plain = self.to_plain()
+        del plain["t"]
+        return {"t": time.time() if self.t is None else self.t, **plain}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -366,7 +371,7 @@ def parse_event(entry: dict[str, Any]) -> Event | None:
     """The typed event of a ledger line's object; None for an event this version does not know."""
     name = entry.get("event")
     cls = EVENTS.get(name) if isinstance(name, str) else None
-    return None if cls is None else cls.from_plain(entry)
+    return None if cls is None else cls.from_json(entry)
 
 
 def read_events(path: Path, strict: bool = True) -> list[Event]:

@@ -53,7 +53,7 @@ def summarize(run_dir: Path) -> dict[str, Any]:
         )
         entry = _failure_entry(event, recovery)
         # A recovery given up for want of spares names the step in flight exactly.
-        given_up = [a for a in abandoned if event.slot in a.slots and _t(a) >= _t(event)]
+        given_up = [a for a in abandoned if event.slot in a.slots and a.t >= event.t]  # type: ignore[operator]
         if recovery is None and given_up:
             entry["step"] = given_up[0].step
         failures.append(entry)
@@ -64,7 +64,7 @@ def summarize(run_dir: Path) -> dict[str, Any]:
         "reason": end.reason if end else None,
         "signal": end.signal if end else None,  # what terminated it (SIGTERM, SIGINT)
         "world_size": start.world_size if start else None,
-        "wall_seconds": (_t(end) - _t(start)) if start and end else None,
+        "wall_seconds": (end.t - start.t) if start and end else None,  # type: ignore[operator]
         "steps_committed": end.steps_committed if end else None,
         "failures": failures,
         "zero_loss_recoveries": sum(1 for f in recovered if f["lost_steps"] == 0),
@@ -79,10 +79,6 @@ def summarize(run_dir: Path) -> dict[str, Any]:
         "refused_messages": sum(1 for e in events if isinstance(e, FencedRefused))
         + _rejected(events, end),
     }
-
-
-def _t(event: Event) -> float:
-    return 0.0 if event.t is None else event.t  # every line has one; a stray one sorts first
 
 
 def _rejected(events: list[Event], end: JobEnd | None) -> int:
