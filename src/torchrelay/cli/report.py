@@ -14,6 +14,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("report", help="summarise a run's failures and recoveries")
     p.add_argument("run_dir", type=Path)
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument(
+        "--html",
+        type=Path,
+        metavar="OUT",
+        help="also write a self-contained HTML page (plots, failure table, projected cost)",
+    )
     p.set_defaults(func=run)
 
 
@@ -22,6 +28,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         summary = summarize(args.run_dir)
         text = json.dumps(summary, indent=2) if args.json else render_text(summary)
+        if args.html is not None:
+            _write_html(args.run_dir, args.html)
     except (FileNotFoundError, LedgerError) as exc:
         raise SystemExit(f"torchrelay report: {exc}") from None
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
@@ -32,3 +40,13 @@ def run(args: argparse.Namespace) -> int:
         ) from None
     print(text)
     return 0
+
+
+def _write_html(run_dir: Path, out: Path) -> None:
+    """Write the HTML page; matplotlib (in the page's modules) loads only here."""
+    from torchrelay.report.html import write_report
+
+    try:
+        write_report(run_dir, out)
+    except OSError as exc:
+        raise SystemExit(f"torchrelay report: cannot write {out}: {exc.strerror}") from None
