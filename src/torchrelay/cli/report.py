@@ -39,6 +39,8 @@ def run(args: argparse.Namespace) -> int:
             f"({type(exc).__name__}: {exc}); is it a torchrelay ledger?"
         ) from None
     print(text)
+    if args.html is not None:
+        print(f"wrote {args.html}")
     return 0
 
 

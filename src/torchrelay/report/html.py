@@ -17,7 +17,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from torchrelay.ledger import read_ledger
+from torchrelay.ledger import LedgerError, read_ledger
 from torchrelay.report import plots
 from torchrelay.report.cost import CostView, project
 from torchrelay.report.summary import PHASES, summarize
@@ -243,11 +243,13 @@ def render(run_dir: Path) -> str:
     """The page for ``run_dir``'s ledger.
 
     Raises what :func:`summarize` and :func:`read_ledger` raise for a missing or malformed
-    ledger (``FileNotFoundError``, ``LedgerError``), ``ValueError`` if it has no ``job_start``.
+    ledger (``FileNotFoundError``, ``LedgerError``; an empty one too).
     The cost view needs a run with a failure; without one the page says why it is missing.
     """
     summary = summarize(run_dir)
     events = read_ledger(run_dir / "ledger.jsonl")
+    if not events:
+        raise LedgerError(f"{run_dir / 'ledger.jsonl'} has no events yet: nothing to report")
     timeline = build_timeline(events, summary)
     try:
         cost: CostView | str = project(run_dir)

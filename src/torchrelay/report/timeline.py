@@ -81,15 +81,14 @@ def failure_events(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def build_timeline(events: list[dict[str, Any]], summary: dict[str, Any]) -> Timeline:
     """The progress points and stall windows of a ledger and its ``summarize()`` output.
 
-    Raises ``ValueError`` for a ledger without a ``job_start`` (no origin for the clock).
+    The clock starts at ``job_start``, or at the first event of a ledger without one (a
+    controller's ledger written outside the launcher). ``events`` must not be empty.
     """
-    start_event = next((e for e in events if e["event"] == "job_start"), None)
-    if start_event is None:
-        raise ValueError("no job_start event, so there is no wall-clock origin")
+    start_event = next((e for e in events if e["event"] == "job_start"), events[0])
     start = float(start_event["t"])
     end_event = next((e for e in reversed(events) if e["event"] == "job_end"), None)
     end = float(end_event["t"] if end_event else max(e["t"] for e in events)) - start
-    points = [ProgressPoint(0.0, 0, "job_start")]
+    points = [ProgressPoint(0.0, 0, start_event["event"])]
     joined = [e for e in events if e["event"] == "process_join" and e.get("role") == "worker"]
     world = summary.get("world_size") or 0
     if world and len(joined) >= world:
