@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.patches import Patch
 
 from torchrelay.report.timeline import Timeline
 
@@ -49,16 +50,17 @@ def progress_plot(timeline: Timeline) -> str:
             color=color,
             fontsize=9,
         )
-    if any(s.recovered for s in timeline.stalls):
-        axes.axvspan(0, 0, color=_RECOVERED, alpha=0.25, label="recovery (stalled)")
-    if any(not s.recovered for s in timeline.stalls):
-        axes.axvspan(0, 0, color=_UNRECOVERED, alpha=0.25, label="not recovered")
+    handles, _ = axes.get_legend_handles_labels()
+    for recovered, color, label in ((True, _RECOVERED, "recovery (stalled)"),
+                                    (False, _UNRECOVERED, "not recovered")):  # fmt: skip
+        if any(s.recovered is recovered for s in timeline.stalls):
+            handles.append(Patch(color=color, alpha=0.25, label=label))
     axes.set_xlim(0, max(timeline.wall_seconds, max(ts, default=0.0), 1e-3))
     axes.set_ylim(bottom=0)
     axes.set_xlabel("wall-clock seconds since job start")
     axes.set_ylabel("committed steps")
     axes.grid(alpha=0.3)
-    axes.legend(loc="upper left", fontsize=8)
+    axes.legend(handles=handles, loc="upper left", fontsize=8)
     return _data_uri(figure)
 
 
