@@ -4,6 +4,7 @@ for a real job with two kills, opened in headless Chromium, is in test_report_ht
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -118,9 +119,10 @@ def test_page_shows_the_summary_and_escapes_ledger_text(tmp_path):
 def test_cli_writes_the_page(tmp_path):
     run_dir = write_ledger(tmp_path / "run")
     out = tmp_path / "report.html"
-    done = cli("report", str(run_dir), "--html", str(out))
+    done = cli("report", str(run_dir), "--html", str(out), "--json")
     assert done.returncode == 0, done.stderr
-    assert f"wrote {out}" in done.stdout
+    assert json.loads(done.stdout)["steps_committed"] == 8  # stdout stays the JSON report
+    assert done.stderr.strip() == f"wrote {out}"
     assert out.read_text().startswith("<!DOCTYPE html>")
 
 

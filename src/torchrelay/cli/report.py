@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from torchrelay.ledger import LedgerError
@@ -39,8 +40,8 @@ def run(args: argparse.Namespace) -> int:
             f"({type(exc).__name__}: {exc}); is it a torchrelay ledger?"
         ) from None
     print(text)
-    if args.html is not None:
-        print(f"wrote {args.html}")
+    if args.html is not None:  # on stderr: stdout stays the report (JSON with --json)
+        print(f"wrote {args.html}", file=sys.stderr)
     return 0
 
 
