@@ -43,7 +43,8 @@ def write_ledger(run_dir: Path) -> Path:
     ledger = Ledger(run_dir / "ledger.jsonl")
     ledger.record("job_start", t=T0, world_size=2, spares=1)
     for slot, t in ((0, T0 + 2), (1, T0 + 3)):
-        ledger.record("process_join", t=t, process=f"worker{slot}", role="worker", slot=slot)
+        joined = {"process": f"worker{slot}", "role": "worker", "slot": slot, "pid": 100 + slot}
+        ledger.record("process_join", t=t, **joined, node="node0")
     first = _failure(1, T0 + 10, traceback=HOSTILE_TRACE)
     ledger.record("failure", **first)
     timeline = {"detected": T0 + 10, "spare_ready": T0 + 12, "halted": T0 + 12.5}
