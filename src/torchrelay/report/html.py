@@ -109,7 +109,8 @@ def _headline(summary: dict[str, Any], timeline: Timeline) -> str:
     return (
         f'<div class="cards">{"".join(cards)}</div>'
         '<p class="note"><b>Goodput</b> = useful time / wall time, where wall time runs from '
-        "<code>job_start</code> to <code>job_end</code> and useful time is wall time minus the "
+        "<code>job_start</code> to <code>job_end</code> (to the last event while the job runs) "
+        "and useful time is wall time minus the "
         "time training was stalled by a failure: each recovery's <code>stall_seconds</code> "
         "(the failure's onset to the first step after the recovery) and, for a failure not "
         "recovered, its onset to the end of the run; overlapping stalls count once. Start-up "
