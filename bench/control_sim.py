@@ -73,7 +73,8 @@ class Beats:
     recording: bool = False
     latencies: list[float] = field(default_factory=list)
     node_latencies: list[float] = field(default_factory=list)
-    timed_out: int = 0
+    timed_out: int = 0  # since the start, recording or not
+    sent: int = 0  # since the start
     bench_cpu: float = 0.0  # this process's CPU seconds while recording
     refused: list[str] = field(default_factory=list)
 
@@ -248,6 +249,7 @@ class Cluster:
             if rank.slot is not None:
                 body.update(step_age=0.01, waiting=None, busy=None, **self.timings)
             sent = time.perf_counter()
+            self.beats.sent += 1
             try:
                 await self.call(
                     rank.process,
@@ -266,6 +268,7 @@ class Cluster:
         while self._running:
             await asyncio.sleep(HEARTBEAT_INTERVAL)
             sent = time.perf_counter()
+            self.beats.sent += 1
             try:
                 await self.call(
                     f"agent-{node}",

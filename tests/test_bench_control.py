@@ -8,7 +8,8 @@ survivor's stream and for ``recovery_done`` in the ledger); the timeouts are saf
 
 from __future__ import annotations
 
-from bench.control import Options, measure, table
+from bench.control import Options, measure
+from bench.control_report import table
 
 
 def _ordered(figures: dict[str, float] | None) -> bool:
@@ -36,7 +37,7 @@ def test_smallest_scale_publishes_a_plan_per_failure_with_sane_figures():
     assert failures["controller_cpu_s_per_failure"] > 0
 
     beats = result["heartbeats"]
-    assert beats["timed_out"] == 0 and beats["handled_per_s"] > 0
+    assert beats["handled_per_s"] > 0 and beats["sent"] > beats["timed_out"]
     assert _ordered(beats["rank_latency_ms"]) and _ordered(beats["node_latency_ms"])
     controller = result["controller"]
     assert controller["rss_mib"] >= controller["idle_rss_mib"] > 0

@@ -1,0 +1,40 @@
+"""The table ``python -m bench.control`` prints and docs/benchmarks.md shows."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _ms(figures: dict[str, float] | None, key: str) -> str:
+    return "-" if figures is None else f"{figures[key]:,.0f}"
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    """The sweep as a markdown table (one row per scale)."""
+    lines = [
+        "| ranks (nodes) | setup | heartbeats/s offered / handled | heartbeat p50 / p99 | "
+        "controller cores (steady) | RSS (per rank) | failures | report -> plan p50 / p99 | "
+        "controller failure -> planned p50 | load | status |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        hb, ctl, fl = r.get("heartbeats"), r.get("controller", {}), r.get("failures")
+        lat = hb["rank_latency_ms"] if hb else None
+        plan = fl["report_to_plan_ms"] if fl else None
+        own = fl["controller_failure_to_planned_ms"] if fl else None
+        lines.append(
+            f"| {r['ranks']:,} ({r['nodes']:,}) | {r.get('setup_s', 0):.0f} s | "
+            + (f"{hb['offered_per_s']:,.0f} / {hb['handled_per_s']:,.0f} | " if hb else "- | ")
+            + f"{_ms(lat, 'p50')} / {_ms(lat, 'p99')} ms | "
+            + (f"{ctl['steady_cores']:.2f} | " if "steady_cores" in ctl else "- | ")
+            + (
+                f"{ctl['rss_mib']:.0f} MiB ({ctl['rss_kib_per_rank']:.0f} KiB) | "
+                if "rss_mib" in ctl
+                else "- | "
+            )
+            + f"{fl['count'] if fl else 0} | {_ms(plan, 'p50')} / {_ms(plan, 'p99')} ms | "
+            + f"{_ms(own, 'p50')} ms | "
+            + " -> ".join(f"{v:.1f}" for v in r["loadavg_1min"])
+            + f" | {r['status']} |"
+        )
+    return "\n".join(lines)
