@@ -35,6 +35,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
+
 from bench.control_plane import percentile
 from bench.control_report import table
 from bench.control_sim import PER_NODE, Cluster, Failure
@@ -229,6 +231,10 @@ async def _drive(
         except TimeoutError:
             result["status"] = f"stopped: setup took over {options.timeout:.0f} s"
             return result
+        except grpc.aio.AioRpcError as exc:  # e.g. a rank fenced: its node was declared lost
+            why = _trouble(cluster) or f"{exc.code().name} {exc.details()}"
+            result["status"] = f"stopped during setup: {why}"
+            return result
         finally:
             result["setup_s"] = time.perf_counter() - started
             result["setup_cpu"], _ = usage(child.pid)
@@ -241,7 +247,8 @@ async def _drive(
             result["status"] = f"stopped: {trouble}"
             return result
         result["failures"] = await _failures(child.pid, cluster, options)
-        result["status"] = _trouble(cluster) or "ok"
+        stopped = result["failures"].pop("stopped") or _trouble(cluster)
+        result["status"] = "ok" if stopped is None else f"stopped: {stopped}"
         return result
     finally:
         load.append(os.getloadavg()[0])
@@ -295,7 +302,7 @@ def _trouble(cluster: Cluster) -> str | None:
             "(cannot keep up)"
         )
     if beats.refused:
-        return f"{len(beats.refused)} heartbeats refused, first: {beats.refused[0]}"
+        return f"{len(beats.refused)} reports refused, first: {beats.refused[0]}"
     return cluster.ledger.trouble()
 
 
@@ -303,16 +310,22 @@ async def _failures(pid: int, cluster: Cluster, options: Options) -> dict[str, A
     rng = random.Random(options.seed)
     timed: list[Failure] = []
     cpu, _ = usage(pid)
+    stopped = None
     for _ in range(options.failures):
         await asyncio.sleep(1.0)  # heartbeats back to steady state between failures
-        if _trouble(cluster) is not None:
+        stopped = _trouble(cluster)
+        if stopped is not None:
             break
         candidates = sorted(
             r.process
             for r in cluster.ranks.values()
             if r.alive and r.slot is not None and r.node != cluster.nodes[0]
         )
-        timed.append(await cluster.fail(rng.choice(candidates), options.timeout))
+        try:
+            timed.append(await cluster.fail(rng.choice(candidates), options.timeout))
+        except (TimeoutError, grpc.aio.AioRpcError) as exc:
+            stopped = _trouble(cluster) or f"a recovery did not complete: {exc!r}"
+            break
     cpu = usage(pid)[0] - cpu
     ledger = cluster.ledger.events
     failed_at = {e["process"]: e["t"] for e in ledger if e["event"] == "failure"}
@@ -327,6 +340,7 @@ async def _failures(pid: int, cluster: Cluster, options: Options) -> dict[str, A
         ),
         "report_to_recovery_done_ms": summary([f.done - f.sent for f in timed]),
         "controller_cpu_s_per_failure": cpu / max(1, len(timed)),
+        "stopped": stopped,
     }
 
 

@@ -76,7 +76,7 @@ class Beats:
     timed_out: int = 0  # since the start, recording or not
     sent: int = 0  # since the start
     bench_cpu: float = 0.0  # this process's CPU seconds while recording
-    refused: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)  # heartbeats and other reports
 
 
 class LedgerTail:
@@ -191,7 +191,19 @@ class Cluster:
             return
         task = asyncio.ensure_future(coroutine)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._settled)
+
+    def _settled(self, task: asyncio.Task[Any]) -> None:
+        """A spawned task ended: a refused report (a rank fenced by an overloaded controller)
+        is kept as a reason to stop the scale, never raised into the loop."""
+        self._tasks.discard(task)
+        if task.cancelled() or task.exception() is None:
+            return
+        error = task.exception()
+        if isinstance(error, grpc.aio.AioRpcError):
+            self.beats.refused.append(f"{error.code().name} {error.details()}")
+        else:
+            self.beats.refused.append(repr(error))
 
     async def _open(self, who: str, method: str, body: dict[str, Any]) -> Any:
         stream = self._pool[self._channel(who)].unary_stream(f"/{SERVICE}/{method}")(
