@@ -39,7 +39,7 @@ import grpc
 
 from bench.control_plane import percentile
 from bench.control_report import table
-from bench.control_sim import PER_NODE, Cluster, Failure
+from bench.control_sim import PER_NODE, Cluster, Failure, Stopped
 from bench.procs import REPO_ROOT
 from tests.etcd import start_etcd
 from torchrelay.control.lease import HEARTBEAT_INTERVAL
@@ -323,7 +323,7 @@ async def _failures(pid: int, cluster: Cluster, options: Options) -> dict[str, A
         )
         try:
             timed.append(await cluster.fail(rng.choice(candidates), options.timeout))
-        except (TimeoutError, grpc.aio.AioRpcError) as exc:
+        except (TimeoutError, Stopped, grpc.aio.AioRpcError) as exc:
             stopped = _trouble(cluster) or f"a recovery did not complete: {exc!r}"
             break
     cpu = usage(pid)[0] - cpu

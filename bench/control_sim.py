@@ -86,6 +86,8 @@ class LedgerTail:
         self.path = path
         self.events: list[dict[str, Any]] = []
         self._offset = 0
+        self._checked = 0  # events already judged by trouble()
+        self._trouble: str | None = None
 
     def poll(self) -> None:
         try:
@@ -98,28 +100,36 @@ class LedgerTail:
         self._offset += len(complete)
         self.events += [json.loads(line) for line in complete.splitlines()]
 
-    async def wait(self, test: Callable[[dict[str, Any]], bool], timeout: float) -> dict:
-        """The first event that passes ``test``; ``TimeoutError`` after ``timeout`` s."""
-        deadline, seen = time.monotonic() + timeout, 0
-        while True:
-            self.poll()
-            for event in self.events[seen:]:
-                if test(event):
-                    return event
-            seen = len(self.events)
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"no matching ledger event in {timeout:.0f} s")
-            await asyncio.sleep(0.02)
-
     def trouble(self) -> str | None:
         """Why the job is no longer a fair measurement: the controller saw hangs, lost nodes
         or ended the job (what heartbeats that cannot get through lead to)."""
         self.poll()
-        for event in self.events:
-            if event["event"] in ("hang_detected", "node_lost", "job_end"):
+        for event in self.events[self._checked :]:
+            if self._trouble is None and event["event"] in (
+                "hang_detected",
+                "node_lost",
+                "job_end",
+            ):
                 detail = event.get("reason") or event.get("status") or ""
-                return f"controller ledger: {event['event']} {detail}".strip()
-        return None
+                self._trouble = f"controller ledger: {event['event']} {detail}".strip()
+        self._checked = len(self.events)
+        return self._trouble
+
+    async def until(self, done: Callable[[], bool], timeout: float) -> None:
+        """Wait until ``done()``; raise :class:`Stopped` as soon as :meth:`trouble` says why it
+        may never be, ``TimeoutError`` after ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        while not done():
+            trouble = self.trouble()
+            if trouble is not None:
+                raise Stopped(trouble)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"not done in {timeout:.0f} s")
+            await asyncio.sleep(0.02)
+
+
+class Stopped(Exception):
+    """The controller cannot keep up (see :meth:`LedgerTail.trouble`)."""
 
 
 async def bounded(calls: Iterable[Awaitable[Any]], limit: int = IN_FLIGHT) -> list[Any]:
@@ -350,14 +360,19 @@ class Cluster:
         failure = Failure(process, rank.slot, time.perf_counter(), waiting_abort=set(survivors))
         failure.waiting_plan = set(survivors)
         self.failure, rank.alive = failure, False
-        generation = rank.generation
+        generation, seen = rank.generation, len(self.ledger.events)
         body = {"node": rank.node, "kind": "exit", "exited": process, "returncode": -9}
         await self.call(f"agent-{rank.node}", "NodeReport", body)
         failure.reported = time.perf_counter()
-        await asyncio.wait_for(failure.plan_seen.wait(), timeout)
-        await self.ledger.wait(
-            lambda e: e["event"] == "recovery_done" and e["generation"] > generation, timeout
-        )
+        await self.ledger.until(failure.plan_seen.is_set, timeout)
+
+        def done() -> bool:
+            return any(
+                e["event"] == "recovery_done" and e["generation"] > generation
+                for e in self.ledger.events[seen:]
+            )
+
+        await self.ledger.until(done, timeout)
         failure.done = time.perf_counter()
         return failure
 
