@@ -232,7 +232,7 @@ async def _drive(
             result["status"] = f"stopped: setup took over {options.timeout:.0f} s"
             return result
         except grpc.aio.AioRpcError as exc:  # e.g. a rank fenced: its node was declared lost
-            why = _trouble(cluster) or f"{exc.code().name} {exc.details()}"
+            why = f"{exc.code().name} {exc.details()}; {_trouble(cluster)}"
             result["status"] = f"stopped during setup: {why}"
             return result
         finally:

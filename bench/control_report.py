@@ -13,9 +13,10 @@ def table(results: list[dict[str, Any]]) -> str:
     """The sweep as a markdown table (one row per scale)."""
     lines = [
         "| ranks (nodes) | setup | heartbeats/s offered / handled | heartbeat p50 / p99 | "
-        "controller cores (steady) | RSS (per rank) | failures | report -> plan p50 / p99 | "
-        "controller failure -> planned p50 | load | status |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "controller cores (steady), CPU per heartbeat | RSS (per rank) | failures | "
+        "report -> plan p50 / p99 | controller failure -> planned p50 | controller CPU per "
+        "failure | load | status |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         hb, ctl, fl = r.get("heartbeats"), r.get("controller", {}), r.get("failures")
@@ -26,7 +27,11 @@ def table(results: list[dict[str, Any]]) -> str:
             f"| {r['ranks']:,} ({r['nodes']:,}) | {r.get('setup_s', 0):.0f} s | "
             + (f"{hb['offered_per_s']:,.0f} / {hb['handled_per_s']:,.0f} | " if hb else "- | ")
             + f"{_ms(lat, 'p50')} / {_ms(lat, 'p99')} ms | "
-            + (f"{ctl['steady_cores']:.2f} | " if "steady_cores" in ctl else "- | ")
+            + (
+                f"{ctl['steady_cores']:.2f}, {ctl['cpu_ms_per_heartbeat']:.2f} ms | "
+                if "steady_cores" in ctl
+                else "- | "
+            )
             + (
                 f"{ctl['rss_mib']:.0f} MiB ({ctl['rss_kib_per_rank']:.0f} KiB) | "
                 if "rss_mib" in ctl
@@ -34,6 +39,7 @@ def table(results: list[dict[str, Any]]) -> str:
             )
             + f"{fl['count'] if fl else 0} | {_ms(plan, 'p50')} / {_ms(plan, 'p99')} ms | "
             + f"{_ms(own, 'p50')} ms | "
+            + (f"{fl['controller_cpu_s_per_failure']:.1f} s | " if fl and fl["count"] else "- | ")
             + " -> ".join(f"{v:.1f}" for v in r["loadavg_1min"])
             + f" | {r['status']} |"
         )

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -132,15 +132,22 @@ class Stopped(Exception):
     """The controller cannot keep up (see :meth:`LedgerTail.trouble`)."""
 
 
-async def bounded(calls: Iterable[Awaitable[Any]], limit: int = IN_FLIGHT) -> list[Any]:
-    """Await ``calls`` with at most ``limit`` in flight."""
+async def bounded(calls: Iterable[Coroutine[Any, Any, Any]], limit: int = IN_FLIGHT) -> list[Any]:
+    """Await ``calls`` with at most ``limit`` in flight; the first error cancels the rest."""
     gate = asyncio.Semaphore(limit)
 
-    async def one(call: Awaitable[Any]) -> Any:
+    async def one(call: Coroutine[Any, Any, Any]) -> Any:
         async with gate:
             return await call
 
-    return await asyncio.gather(*(one(c) for c in calls))
+    tasks = [asyncio.ensure_future(one(c)) for c in calls]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 class Cluster:
