@@ -13,9 +13,15 @@ another, each once the previous recovery is done. Measured per scale:
 - heartbeats: offered and handled per second, latency p50/p99, how many missed their 2 s
   deadline.
 
-A scale stops cleanly, and the sweep with it, when heartbeats miss their deadline or the
-controller reports hangs or lost nodes (it cannot keep up), or setup outlasts ``--timeout``.
-:func:`measure` is what ``tests/test_bench_control.py`` runs.
+``--state etcd`` starts a real etcd per scale and has the controller lead the job there, as
+``torchrelay run --state etcd://...`` does. ``--paced-monitor`` and ``--beat-interval``
+measure what two proposed changes would give (see :func:`paced`; heartbeats every 4 s have the
+RPC rate of node agents that carry their ranks' progress in their own heartbeats).
+
+A scale stops cleanly, and the sweep with it, when over 1 % of heartbeats miss their deadline,
+a report is refused, the controller records hangs, lost nodes or the job's end (it cannot keep
+up), or setup or a recovery outlasts ``--timeout``. :func:`measure` is what
+``tests/test_bench_control.py`` runs; results go to ``--json`` and a table to stdout.
 """
 
 from __future__ import annotations
@@ -37,14 +43,12 @@ from typing import Any
 
 import grpc
 
-from bench.control_plane import percentile
-from bench.control_report import table
+from bench.control_report import summary, table, usage
 from bench.control_sim import PER_NODE, Cluster, Failure, Stopped
 from bench.procs import REPO_ROOT
 from tests.etcd import start_etcd
 from torchrelay.control.lease import HEARTBEAT_INTERVAL
 
-TICK = os.sysconf("SC_CLK_TCK")
 # More heartbeats than this share missing their deadline: the controller cannot keep up (a
 # worker survives a few, its lease is 2 hang timeouts; more and hangs get declared).
 MISSED_LIMIT = 0.01
@@ -121,26 +125,6 @@ def serve(run_dir: Path, nodes: int, spares: int, paced_monitor: bool, state: st
     controller.start_monitor()
     print(json.dumps({"address": server.address, "token": token}), flush=True)
     controller.wait_finished()
-
-
-def usage(pid: int) -> tuple[float, float]:
-    """CPU seconds and RSS (MiB) of process ``pid`` so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    cpu = (int(fields[11]) + int(fields[12])) / TICK
-    rss = next(
-        int(line.split()[1])
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines()
-        if line.startswith("VmRSS:")
-    )
-    return cpu, rss / 1024
-
-
-def summary(values: list[float]) -> dict[str, float] | None:
-    """p50/p99/max in milliseconds (None for no values)."""
-    if not values:
-        return None
-    ms = [1000 * v for v in values]
-    return {"p50": percentile(ms, 0.5), "p99": percentile(ms, 0.99), "max": max(ms)}
 
 
 @dataclass
@@ -228,7 +212,7 @@ async def _drive(
     try:
         try:
             await asyncio.wait_for(cluster.start(), options.timeout)
-        except TimeoutError:
+        except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
             result["status"] = f"stopped: setup took over {options.timeout:.0f} s"
             return result
         except grpc.aio.AioRpcError as exc:  # e.g. a rank fenced: its node was declared lost

@@ -1,8 +1,35 @@
-"""The table ``python -m bench.control`` prints and docs/benchmarks.md shows."""
+"""Figures for ``python -m bench.control``: a process's CPU and memory, latency summaries, and
+the table it prints (and docs/benchmarks.md shows)."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
+
+from bench.control_plane import percentile
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def usage(pid: int) -> tuple[float, float]:
+    """CPU seconds and RSS (MiB) of process ``pid`` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    cpu = (int(fields[11]) + int(fields[12])) / TICK
+    rss = next(
+        int(line.split()[1])
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+        if line.startswith("VmRSS:")
+    )
+    return cpu, rss / 1024
+
+
+def summary(values: list[float]) -> dict[str, float] | None:
+    """p50/p99/max in milliseconds (None for no values)."""
+    if not values:
+        return None
+    ms = [1000 * v for v in values]
+    return {"p50": percentile(ms, 0.5), "p99": percentile(ms, 0.99), "max": max(ms)}
 
 
 def _ms(figures: dict[str, float] | None, key: str) -> str:
