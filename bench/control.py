@@ -14,9 +14,9 @@ another, each once the previous recovery is done. Measured per scale:
   deadline.
 
 ``--state etcd`` starts a real etcd per scale and has the controller lead the job there, as
-``torchrelay run --state etcd://...`` does. ``--paced-monitor`` and ``--beat-interval``
-measure what two proposed changes would give (see :func:`paced`; heartbeats every 4 s have the
-RPC rate of node agents that carry their ranks' progress in their own heartbeats).
+``torchrelay run --state etcd://...`` does. ``--beat-interval`` measures what a proposed change
+would give (heartbeats every 4 s have the RPC rate of node agents that carry their ranks'
+progress in their own heartbeats).
 
 A scale stops cleanly, and the sweep with it, when over 1 % of heartbeats miss their deadline,
 a report is refused, the controller records hangs, lost nodes or the job's end (it cannot keep
@@ -69,32 +69,7 @@ class LocalAgent:
         del process, signum
 
 
-def paced(controller_class: type) -> type:
-    """``controller_class`` with the monitor ticking by the clock only (``--paced-monitor``).
-
-    The controller's monitor waits on the condition every transition notifies, so today it
-    runs a whole liveness round (every member) after each report, not every 0.25 s. This is
-    the change proposed for ``Controller._monitor``, to measure what it would give.
-    """
-    from torchrelay.control import liveness
-
-    class PacedController(controller_class):  # type: ignore[misc,valid-type]
-        def _monitor(self, interval: float) -> None:
-            with self._cond:
-                while not self.job.finished:
-                    due = time.monotonic() + interval
-                    self._cond.wait_for(
-                        lambda: self.job.finished or time.monotonic() >= due,  # noqa: B023
-                        interval,
-                    )
-                    now = time.time()
-                    self._apply(liveness.tick(self.job, self.config, now, self._output_tail))
-                    self._cond.notify_all()
-
-    return PacedController
-
-
-def serve(run_dir: Path, nodes: int, spares: int, paced_monitor: bool, state: str) -> None:
+def serve(run_dir: Path, nodes: int, spares: int, state: str) -> None:
     """The child: a controller for ``nodes`` x 8 ranks, its server and monitor, until killed;
     with ``state`` an ``etcd://`` URL, it leads the job there and writes its state as a job's
     controller does (``--state``)."""
@@ -118,8 +93,7 @@ def serve(run_dir: Path, nodes: int, spares: int, paced_monitor: bool, state: st
     token = new_token()
     persister = take_lead(config.state, token, candidate="bench.control")
     ledger = Ledger(run_dir / "ledger.jsonl")
-    kind = paced(Controller) if paced_monitor else Controller
-    controller = kind(config, ledger, LocalAgent(), persister=persister)
+    controller = Controller(config, ledger, LocalAgent(), persister=persister)
     server = ControlServer(controller, token)
     server.start()
     controller.start_monitor()
@@ -136,7 +110,6 @@ class Options:
     steady: float = 10.0  # seconds of heartbeats timed
     timeout: float = 300.0  # setup, and each recovery, must end within
     timings: bool = True  # heartbeats carry step timings, as after a rank's first step
-    paced_monitor: bool = False  # see :func:`paced`
     beat_interval: float = HEARTBEAT_INTERVAL  # a rank's heartbeat period
     state: str = "memory"  # or "etcd": a real etcd started for the scale (``--state``)
     seed: int = 0
@@ -147,7 +120,6 @@ def measure(nodes: int, options: Options) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as run_dir, contextlib.ExitStack() as stack:
         command = [sys.executable, "-m", "bench.control", "--serve", run_dir]
         command += ["--nodes", str(nodes), "--spares", str(options.spares)]
-        command += ["--paced-monitor"] if options.paced_monitor else []
         etcd = None
         if options.state == "etcd":
             etcd = start_etcd(Path(run_dir) / "etcd", fast_election=False)
@@ -341,11 +313,6 @@ def main() -> None:
         help="heartbeats without step timings (as before a rank's first timed step)",
     )
     parser.add_argument(
-        "--paced-monitor",
-        action="store_true",
-        help="the controller's monitor ticks by the clock only (the proposed fix, see paced())",
-    )
-    parser.add_argument(
         "--beat-interval",
         type=float,
         default=HEARTBEAT_INTERVAL,
@@ -362,7 +329,7 @@ def main() -> None:
     parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        serve(args.serve, int(args.nodes), args.spares, args.paced_monitor, args.state)
+        serve(args.serve, int(args.nodes), args.spares, args.state)
         return
     try:
         scales = [int(n) for n in args.nodes.split(",")]
@@ -379,7 +346,6 @@ def main() -> None:
             args.steady,
             args.timeout,
             timings=not args.no_timings,
-            paced_monitor=args.paced_monitor,
             beat_interval=args.beat_interval,
             state=args.state,
         )

@@ -333,9 +333,16 @@ class Controller:
         ).start()
 
     def _monitor(self, interval: float) -> None:
+        # Ticks by the clock: every transition notifies the condition, and a tick per
+        # heartbeat (a full pass over the members) would cost O(ranks) per report.
         with self._cond:
+            due = time.monotonic() + interval
             while not self.job.finished:
-                self._cond.wait(interval)
+                left = due - time.monotonic()
+                if left > 0:
+                    self._cond.wait(left)
+                    continue
+                due = time.monotonic() + interval
                 persister = self._persister
                 if persister is not None and self._store_lost is None and persister.lead_lost:
                     # Its lease may be someone else's now: act on nothing more.
