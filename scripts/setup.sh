@@ -38,3 +38,6 @@ apt_install nft "the network-partition test" nftables
 apt_install etcd "the state-store tests" etcd-server
 # The Slurm tests run their own cluster (munged, slurmctld, a slurmd per node) as root.
 apt_install "munged slurmctld slurmd sbatch srun" "the Slurm tests" slurm-wlm munge
+# The HTML report test opens the page in headless Chromium (Debian's chromium) and keeps its
+# screenshot.
+apt_install chromium "the HTML report rendering test" chromium

@@ -89,6 +89,9 @@ def test_commands_that_do_not_train_do_not_import_torch(argv):
 def test_report_status_and_chaos_do_not_import_torch(live_job):
     run_dir, agent = live_job
     assert probe("report", str(run_dir)) == {"code": 0, "torch": False}
+    page = run_dir / "report.html"
+    assert probe("report", str(run_dir), "--html", str(page)) == {"code": 0, "torch": False}
+    assert page.exists()
     assert probe("status", str(run_dir)) == {"code": 0, "torch": False}
     drill = probe("chaos", "--run-dir", str(run_dir), "kill", "--rank", "0")
     assert drill == {"code": 0, "torch": False}

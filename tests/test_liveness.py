@@ -105,3 +105,18 @@ def test_node_drills_are_refused_on_the_controllers_node_and_on_lost_nodes(tmp_p
     assert drills.inject_process(driver.job, "hang", "worker0")[-1] == SignalLocal(
         "worker0", signal.SIGSTOP
     )
+
+
+def test_the_peer_median_equals_statistics_median_of_the_others():
+    import random
+    import statistics
+
+    from torchrelay.control.liveness import median_without
+
+    rng = random.Random(5)
+    for size in range(2, 40):
+        values = [rng.choice([0.1, 0.2, 0.25, rng.random()]) for _ in range(size)]
+        ordered = sorted(values)
+        for i, value in enumerate(values):
+            others = values[:i] + values[i + 1 :]
+            assert median_without(ordered, value) == statistics.median(others)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import socket
 from typing import Any
 
 from torchrelay.agent.agent import NodeAgent
@@ -19,8 +20,10 @@ from torchrelay.agent.rundir import RunDirError, claim_run_dir, create_exclusive
 from torchrelay.agent.signals import ALONGSIDE, STOP_SIGNALS, StopSignals
 from torchrelay.config import JobConfig
 from torchrelay.control.controller import Controller
+from torchrelay.control.persistence import take_lead
 from torchrelay.control.service import ControlServer
 from torchrelay.control.state import Role
+from torchrelay.control.store import StoreError
 from torchrelay.control.wire import new_token
 from torchrelay.events import JobStart
 from torchrelay.ledger import Ledger
@@ -34,7 +37,15 @@ class Launch:
         # Endpoint and token first: a refused one leaves the run directory untouched.
         listener = bind_rendezvous(config.master_addr, config.master_port)
         self.token = job_token(config)
-        ledger = claim_run_dir(config.run_dir)
+        # With an external state store, lead the job there before anything is decided.
+        self.persister = take_lead(
+            config.state, self.token, candidate=f"{socket.gethostname()}:{os.getpid()}"
+        )
+        try:
+            ledger = claim_run_dir(config.run_dir)
+        except BaseException:
+            self._give_up_lead()
+            raise
         self.ledger = Ledger(ledger)
         try:
             # The store is the rendezvous for every generation's process group (keys are
@@ -45,7 +56,7 @@ class Launch:
             self.agent = NodeAgent(
                 config, node=f"node{config.node_rank}", on_exit=self._on_exit, label=self._label
             )
-            self.controller = Controller(config, self.ledger, self.agent)
+            self.controller = Controller(config, self.ledger, self.agent, persister=self.persister)
             self.server = ControlServer(
                 self.controller, self.token, host=config.master_addr, port=control_port(config)
             )
@@ -53,6 +64,7 @@ class Launch:
             # Nothing ran: give the directory back, so that the same command can be retried.
             self.ledger.close()
             ledger.unlink()
+            self._give_up_lead()
             raise
         self.agent.configure(self.store.port, self.server.address, self.token)
 
@@ -111,6 +123,11 @@ class Launch:
         finally:
             self.server.stop()
             self.ledger.close()
+            self._give_up_lead()
+
+    def _give_up_lead(self) -> None:
+        if self.persister is not None:
+            self.persister.close()
 
 
 TOKEN_ENV = "TORCHRELAY_JOB_TOKEN"
@@ -145,4 +162,6 @@ def launch(config: JobConfig) -> dict[str, Any]:
         job = Launch(config)
     except (RendezvousError, RunDirError) as exc:
         raise SystemExit(f"torchrelay run: {exc}") from None
+    except StoreError as exc:
+        raise SystemExit(f"torchrelay run: --state {config.state}: {exc}") from None
     return job.run()

@@ -23,6 +23,7 @@ from torchrelay.control.actions import Action, Refused
 from torchrelay.control.errors import FencedError, ProtocolError
 from torchrelay.control.executor import AgentHandle, Executor
 from torchrelay.control.outbox import Outbox
+from torchrelay.control.persistence import StatePersister
 from torchrelay.control.protocol import (
     JoinAnswer,
     JoinRequest,
@@ -35,6 +36,7 @@ from torchrelay.control.protocol import (
 from torchrelay.control.recovery_steps import advance
 from torchrelay.control.rejections import Rejections
 from torchrelay.control.state import GONE, JobState, Member, MemberState, NodeEntry, Role
+from torchrelay.control.store import StoreError
 from torchrelay.control.verdicts import describe_exit, last_traceback
 from torchrelay.ledger import Ledger
 
@@ -45,7 +47,12 @@ class Controller:
     """Membership, generations and recovery for one job (see DESIGN.md, invariants 1-6)."""
 
     def __init__(
-        self, config: JobConfig, ledger: Ledger, agent: AgentHandle, local_node: str = "node0"
+        self,
+        config: JobConfig,
+        ledger: Ledger,
+        agent: AgentHandle,
+        local_node: str = "node0",
+        persister: StatePersister | None = None,
     ) -> None:
         self.config = config
         self.ledger = ledger
@@ -61,6 +68,10 @@ class Controller:
         self._executor = Executor(ledger, agent, self.rejections, self._kick_recovery)
         self._cond = threading.Condition()
         self._recovery_thread: threading.Thread | None = None
+        # Set once the durable state could not be written: from then on nothing is acted on
+        # but the end of the job (see control.persistence).
+        self._persister = persister
+        self._store_lost: str | None = None
 
     # ---------------------------------------------------------------- state, read-only views
     @property
@@ -169,7 +180,24 @@ class Controller:
                 self._cond.notify_all()
 
     def _apply(self, actions: list[Action]) -> None:
+        """Carry out ``actions`` once the state that decided them is durable (with a state
+        store); if it cannot be written, end the job instead of acting on it."""
+        if self._persister is not None and self._store_lost is None:
+            try:
+                self._persister.save(self.job)
+            except StoreError as exc:
+                self._lose_store(str(exc))
+                return
         self._executor.apply(actions)
+
+    def _lose_store(self, problem: str) -> None:
+        """End the job, unrecorded: another controller may lead now (called with the lock)."""
+        self._store_lost = problem
+        reason = (
+            f"the job state could not be recorded ({problem}); the job stops rather than act "
+            "on decisions another controller may not know of"
+        )
+        self._executor.apply(endings.fail(self.job, reason))
 
     def _output_tail(self, process: str) -> str:
         """The last traceback (or lines) its agent logged for ``process``; the agent reports
@@ -316,9 +344,22 @@ class Controller:
         ).start()
 
     def _monitor(self, interval: float) -> None:
+        # Ticks by the clock: every transition notifies the condition, and a tick per
+        # heartbeat (a full pass over the members) would cost O(ranks) per report.
         with self._cond:
+            due = time.monotonic() + interval
             while not self.job.finished:
-                self._cond.wait(interval)
+                left = due - time.monotonic()
+                if left > 0:
+                    self._cond.wait(left)
+                    continue
+                due = time.monotonic() + interval
+                persister = self._persister
+                if persister is not None and self._store_lost is None and persister.lead_lost:
+                    # Its lease may be someone else's now: act on nothing more.
+                    self._lose_store(f"this controller's lead on {persister.where} ran out")
+                    self._cond.notify_all()
+                    continue
                 self._apply(liveness.tick(self.job, self.config, time.time(), self._output_tail))
                 self._cond.notify_all()
 

@@ -1,0 +1,391 @@
+"""Simulated node agents and ranks for ``python -m bench.control``, over the real control RPCs.
+
+One grpc.aio process plays a whole cluster against a real controller: node 0 is the
+controller's own node (its ranks join and report over gRPC like any worker; its agent lives in
+the controller's process, see :mod:`bench.control`), nodes 1..N-1 are remote node agents
+(``NodeJoin``, a ``NodeWatch`` stream, a ``heartbeat`` ``NodeReport`` every 0.5 s). Every rank
+joins, holds its ``Watch`` stream and heartbeats (a ``progress`` report every 0.5 s after the
+previous one was answered, with a 2 s deadline, as :func:`torchrelay.control.lease.keep_alive`
+does). Each rank answers its messages as :mod:`torchrelay.runtime.recovery` does: an
+``abort`` with ``halted``; a ``plan`` with the phases ``comm_ready`` and ``transfer_done`` and
+its first ``progress`` with ``first_after_recovery``; a spare reports ``ready`` once joined.
+
+A failure is a node agent reporting that one of its ranks exited (``NodeReport`` ``exit``,
+SIGKILL); :meth:`Cluster.fail` times it from that report to the plan on every survivor's stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Coroutine, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from torchrelay.control.client import SERVICE
+from torchrelay.control.lease import HEARTBEAT_INTERVAL, HEARTBEAT_RPC_TIMEOUT
+from torchrelay.control.wire import seal, unseal
+
+PER_NODE = 8
+MAX_STEPS = 1_000_000
+IN_FLIGHT = 256  # setup requests in flight at once (joins, reports): a burst, not a flood
+# A worker's step timings as it heartbeats them once it has committed a step.
+TIMINGS = {"step_seconds": 0.1, "compute_seconds": 0.08}
+
+
+@dataclass
+class Rank:
+    """One simulated process: a worker in ``slot``, or a spare (``slot`` None) until a plan."""
+
+    process: str
+    node: str
+    slot: int | None
+    generation: int = 0
+    committed: int = 0
+    alive: bool = True
+
+
+@dataclass
+class Failure:
+    """One injected failure, timed on this process's clock (``time.perf_counter``)."""
+
+    process: str
+    slot: int
+    sent: float  # the exit report left
+    reported: float = 0.0  # the controller answered the exit report
+    aborted: float = 0.0  # the last survivor got its abort
+    planned_first: float = 0.0  # the first survivor got the plan
+    planned: float = 0.0  # the last survivor got the plan
+    done: float = 0.0  # recovery_done was in the ledger
+    waiting_abort: set[str] = field(default_factory=set)
+    waiting_plan: set[str] = field(default_factory=set)
+    plan_seen: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass
+class Beats:
+    """Heartbeats answered (latency in seconds, per kind) and refused, while recording."""
+
+    recording: bool = False
+    latencies: list[float] = field(default_factory=list)
+    node_latencies: list[float] = field(default_factory=list)
+    timed_out: int = 0  # since the start, recording or not
+    sent: int = 0  # since the start
+    bench_cpu: float = 0.0  # this process's CPU seconds while recording
+    refused: list[str] = field(default_factory=list)  # heartbeats and other reports
+
+
+class LedgerTail:
+    """The controller's ledger as it grows: events are read, never written, by the bench."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.events: list[dict[str, Any]] = []
+        self._offset = 0
+        self._checked = 0  # events already judged by trouble()
+        self._trouble: str | None = None
+
+    def poll(self) -> None:
+        try:
+            with self.path.open("rb") as ledger:
+                ledger.seek(self._offset)
+                data = ledger.read()
+        except FileNotFoundError:
+            return
+        complete = data[: data.rfind(b"\n") + 1]
+        self._offset += len(complete)
+        self.events += [json.loads(line) for line in complete.splitlines()]
+
+    def trouble(self) -> str | None:
+        """Why the job is no longer a fair measurement: the controller saw hangs, lost nodes
+        or ended the job (what heartbeats that cannot get through lead to)."""
+        self.poll()
+        for event in self.events[self._checked :]:
+            if self._trouble is None and event["event"] in (
+                "hang_detected",
+                "node_lost",
+                "job_end",
+            ):
+                detail = event.get("reason") or event.get("status") or ""
+                self._trouble = f"controller ledger: {event['event']} {detail}".strip()
+        self._checked = len(self.events)
+        return self._trouble
+
+    async def until(self, done: Callable[[], bool], timeout: float) -> None:
+        """Wait until ``done()``; raise :class:`Stopped` as soon as :meth:`trouble` says why it
+        may never be, ``TimeoutError`` after ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        while not done():
+            trouble = self.trouble()
+            if trouble is not None:
+                raise Stopped(trouble)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"not done in {timeout:.0f} s")
+            await asyncio.sleep(0.02)
+
+
+class Stopped(Exception):
+    """The controller cannot keep up (see :meth:`LedgerTail.trouble`)."""
+
+
+async def bounded(calls: Iterable[Coroutine[Any, Any, Any]], limit: int = IN_FLIGHT) -> list[Any]:
+    """Await ``calls`` with at most ``limit`` in flight; the first error cancels the rest."""
+    gate = asyncio.Semaphore(limit)
+
+    async def one(call: Coroutine[Any, Any, Any]) -> Any:
+        async with gate:
+            return await call
+
+    tasks = [asyncio.ensure_future(one(c)) for c in calls]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
+class Cluster:
+    """``nodes`` x :data:`PER_NODE` ranks and ``spares`` spares per node (see module doc)."""
+
+    def __init__(
+        self,
+        address: str,
+        token: str,
+        nodes: int,
+        spares: int,
+        ledger: Path,
+        timings: bool,
+        beat_interval: float = HEARTBEAT_INTERVAL,
+    ) -> None:
+        self.token = token
+        self.nodes = [f"node{i}" for i in range(nodes)]
+        self.spares = spares
+        self.timings = TIMINGS if timings else {}
+        self.beat_interval = beat_interval  # a rank's; node agents beat every 0.5 s
+        self.ledger = LedgerTail(ledger)
+        channels = max(8, nodes // 16)
+        options = [("grpc.use_local_subchannel_pool", 1)]  # one connection per channel
+        self._pool = [grpc.aio.insecure_channel(address, options=options) for _ in range(channels)]
+        self._stubs: dict[tuple[int, str], Any] = {}
+        self.ranks: dict[str, Rank] = {}
+        self.beats = Beats()
+        self.failure: Failure | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._spares_started = 0
+        self._running = True
+
+    # ------------------------------------------------------------------ RPCs
+    def _channel(self, who: str) -> int:
+        return hash(who) % len(self._pool)
+
+    async def call(
+        self, who: str, method: str, body: dict[str, Any], timeout: float = 120.0
+    ) -> dict[str, Any]:
+        index = self._channel(who)
+        stub = self._stubs.get((index, method))
+        if stub is None:
+            stub = self._stubs[index, method] = self._pool[index].unary_unary(
+                f"/{SERVICE}/{method}"
+            )
+        reply = await stub(
+            seal({"process": who, **body}, self.token), timeout=timeout, wait_for_ready=True
+        )
+        return unseal(reply, self.token)
+
+    async def report(self, rank: Rank, kind: str, **body: Any) -> dict[str, Any]:
+        body = {"kind": kind, "generation": rank.generation, **body}
+        return await self.call(rank.process, "Report", body)
+
+    def spawn(self, coroutine: Coroutine[Any, Any, Any]) -> None:
+        if not self._running:  # closing: a spare asked for now is never needed
+            coroutine.close()
+            return
+        task = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._settled)
+
+    def _settled(self, task: asyncio.Task[Any]) -> None:
+        """A spawned task ended: a refused report (a rank fenced by an overloaded controller)
+        is kept as a reason to stop the scale, never raised into the loop."""
+        self._tasks.discard(task)
+        if task.cancelled() or task.exception() is None:
+            return
+        error = task.exception()
+        if isinstance(error, grpc.aio.AioRpcError):
+            self.beats.refused.append(f"{error.code().name} {error.details()}")
+        else:
+            self.beats.refused.append(repr(error))
+
+    async def _open(self, who: str, method: str, body: dict[str, Any]) -> Any:
+        stream = self._pool[self._channel(who)].unary_stream(f"/{SERVICE}/{method}")(
+            seal({"process": who, **body}, self.token), wait_for_ready=True
+        )
+        await stream.initial_metadata()  # the server has registered the stream
+        return stream
+
+    # ------------------------------------------------------------------ setup
+    async def start(self) -> None:
+        """Join every node agent and rank, open every stream, declare, start heartbeating."""
+        remote = self.nodes[1:]
+        await bounded(self.call(f"agent-{n}", "NodeJoin", {"node": n}) for n in remote)
+        agents = await bounded(self._open(f"agent-{n}", "NodeWatch", {"node": n}) for n in remote)
+        for node, stream in zip(remote, agents, strict=True):
+            self.spawn(self._serve_node(node, stream))
+            self.spawn(self._node_heartbeat(node))
+        workers = [
+            Rank(f"{node}-rank{r}", node, i * PER_NODE + r)
+            for i, node in enumerate(self.nodes)
+            for r in range(PER_NODE)
+        ]
+        await bounded(self._join(rank) for rank in workers)
+        # Every worker declares max_steps on entering its loop; step 0 is committed by then.
+        await bounded(self.report(w, "max_steps", max_steps=MAX_STEPS) for w in workers)
+        for rank in workers:
+            self.spawn(self._heartbeat(rank))
+        await bounded(self._start_spare(node) for node in self.nodes for _ in range(self.spares))
+
+    async def _join(self, rank: Rank) -> None:
+        role = "spare" if rank.slot is None else "worker"
+        body = {"role": role, "pid": len(self.ranks), "node": rank.node, "slot": rank.slot}
+        joined = await self.call(rank.process, "Join", body)
+        rank.generation = int(joined["generation"])
+        self.ranks[rank.process] = rank
+        stream = await self._open(rank.process, "Watch", {})
+        self.spawn(self._serve_rank(rank, stream))
+
+    async def _start_spare(self, node: str) -> None:
+        self._spares_started += 1
+        spare = Rank(f"{node}-spare{self._spares_started}", node, None, committed=-1)
+        await self._join(spare)
+        await self.report(spare, "ready")
+        self.spawn(self._heartbeat(spare))
+
+    def start_local_spare(self) -> None:
+        """The controller asked its own node's agent for a spare (see :mod:`bench.control`)."""
+        self.spawn(self._start_spare(self.nodes[0]))
+
+    # ------------------------------------------------------------------ steady state
+    async def _heartbeat(self, rank: Rank) -> None:
+        while self._running and rank.alive:
+            await asyncio.sleep(self.beat_interval)
+            body: dict[str, Any] = {"step": rank.committed}
+            if rank.slot is not None:
+                body.update(step_age=0.01, waiting=None, busy=None, **self.timings)
+            sent = time.perf_counter()
+            self.beats.sent += 1
+            try:
+                await self.call(
+                    rank.process,
+                    "Report",
+                    {"kind": "progress", "generation": rank.generation, **body},
+                    timeout=HEARTBEAT_RPC_TIMEOUT,
+                )
+            except grpc.aio.AioRpcError as exc:
+                if rank.alive:  # a dead rank's last heartbeat may be refused (fenced)
+                    self._beat_failed(rank.process, exc)
+                continue
+            if self.beats.recording:
+                self.beats.latencies.append(time.perf_counter() - sent)
+
+    async def _node_heartbeat(self, node: str) -> None:
+        while self._running:
+            await asyncio.sleep(HEARTBEAT_INTERVAL)
+            sent = time.perf_counter()
+            self.beats.sent += 1
+            try:
+                await self.call(
+                    f"agent-{node}",
+                    "NodeReport",
+                    {"node": node, "kind": "heartbeat"},
+                    timeout=HEARTBEAT_RPC_TIMEOUT,
+                )
+            except grpc.aio.AioRpcError as exc:
+                self._beat_failed(node, exc)
+                continue
+            if self.beats.recording:
+                self.beats.node_latencies.append(time.perf_counter() - sent)
+
+    def _beat_failed(self, who: str, exc: grpc.aio.AioRpcError) -> None:
+        if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+            self.beats.timed_out += 1
+        elif self._running:
+            self.beats.refused.append(f"{who}: {exc.code().name} {exc.details()}")
+
+    async def _serve_node(self, node: str, stream: Any) -> None:
+        async for raw in stream:
+            command = unseal(raw, self.token)
+            if command["type"] == "start_spare":
+                self.spawn(self._start_spare(node))
+            elif command["type"] == "finish":
+                return
+            # ``signal``: the failed rank this bench reported is already gone.
+
+    # ------------------------------------------------------------------ recovery
+    async def _serve_rank(self, rank: Rank, stream: Any) -> None:
+        async for raw in stream:
+            message = unseal(raw, self.token)
+            now, failure = time.perf_counter(), self.failure
+            if message["type"] == "abort" and message["generation"] == rank.generation:
+                if failure is not None and rank.process in failure.waiting_abort:
+                    failure.waiting_abort.discard(rank.process)
+                    failure.aborted = now
+                self.spawn(self.report(rank, "halted", committed=rank.committed, in_flight=None))
+            elif message["type"] == "plan":
+                if failure is not None and rank.process in failure.waiting_plan:
+                    failure.waiting_plan.discard(rank.process)
+                    failure.planned_first = failure.planned_first or now
+                    if not failure.waiting_plan:
+                        failure.planned = now
+                        failure.plan_seen.set()
+                self.spawn(self._enter(rank, message))
+            elif message["type"] == "finish":
+                return
+
+    async def _enter(self, rank: Rank, plan: dict[str, Any]) -> None:
+        rank.generation, rank.slot = int(plan["generation"]), int(plan["slot"])
+        rank.committed = int(plan["target_step"])
+        await self.report(rank, "phase", phase="comm_ready", t=time.time())
+        await self.report(rank, "phase", phase="transfer_done", t=time.time(), bytes=0, seconds=0)
+        await self.report(
+            rank, "progress", step=rank.committed, first_after_recovery=True, t=time.time()
+        )
+
+    async def fail(self, process: str, timeout: float) -> Failure:
+        """Report ``process`` dead (SIGKILL) from its node agent; return once the plan reached
+        every survivor and the controller recorded ``recovery_done``."""
+        rank = self.ranks[process]
+        assert rank.slot is not None
+        survivors = {
+            r.process for r in self.ranks.values() if r.alive and r.slot is not None and r != rank
+        }
+        failure = Failure(process, rank.slot, time.perf_counter(), waiting_abort=set(survivors))
+        failure.waiting_plan = set(survivors)
+        self.failure, rank.alive = failure, False
+        generation, seen = rank.generation, len(self.ledger.events)
+        body = {"node": rank.node, "kind": "exit", "exited": process, "returncode": -9}
+        await self.call(f"agent-{rank.node}", "NodeReport", body)
+        failure.reported = time.perf_counter()
+        await self.ledger.until(failure.plan_seen.is_set, timeout)
+
+        def done() -> bool:
+            return any(
+                e["event"] == "recovery_done" and e["generation"] > generation
+                for e in self.ledger.events[seen:]
+            )
+
+        await self.ledger.until(done, timeout)
+        failure.done = time.perf_counter()
+        return failure
+
+    async def close(self) -> None:
+        self._running = False
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*(channel.close() for channel in self._pool))

@@ -1,0 +1,152 @@
+"""The controller's durable state: written ahead of every decision it acts on, under its lead.
+
+With ``--state etcd://...`` the controller holds the job's lead (an etcd lease, see
+:mod:`torchrelay.control.store.election`) and, before the executor carries out the actions of a
+transition, writes the job's durable state with a compare-and-swap fenced by that lead. So a
+decision is acted on only once it is recorded, and a controller that lost its lead (its lease
+ran out: it was paused, cut off, or etcd went away) can write nothing and therefore act on
+nothing: two controllers never both act.
+
+What is written is :meth:`JobState.to_dict` without what changes on every heartbeat and is
+re-learnt within a heartbeat by whoever leads (liveness timestamps, step timings, per-channel
+step claims, each member's last reported step; ``highest_committed`` stays). A transition that
+changed none of the rest writes nothing, so steady training costs one write per committed step.
+
+Failure behaviour: :meth:`StatePersister.save` raises :class:`StoreError` (one line) when the
+store does not answer, when the lead was lost, or when someone else wrote the state; the
+controller then ends the job without acting on the unwritten decision.
+
+With the default ``--state memory`` nothing is persisted: the state already lives in the only
+process that could use it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from torchrelay.control.state import JobPhase, JobState
+from torchrelay.control.store import (
+    Leadership,
+    Revision,
+    SealedStore,
+    StoreError,
+    StoreKind,
+    StoreSpec,
+    open_backend,
+)
+
+LEASE_SECONDS = 5
+"""The controller's lease on its lead: a paused or cut-off controller stops acting within it
+(etcd 3.4 grants leases of 2 s and more by default)."""
+
+# Member fields re-learnt from the next heartbeat or halted report; writing them would cost a
+# store round trip per heartbeat.
+VOLATILE_MEMBER_FIELDS = (
+    "last_seen",
+    "timings",
+    "step_age",
+    "waiting",
+    "busy",
+    "committed",
+    "claims",
+    "last_commit_t",
+)
+VOLATILE_JOB_FIELDS = ("hang_timeout",)
+
+
+def durable_view(job: JobState) -> dict[str, Any]:
+    """The part of ``job`` a controller taking over needs (see the module doc)."""
+    data = job.to_dict()
+    for field in VOLATILE_JOB_FIELDS:
+        data.pop(field, None)
+    for member in data["members"].values():
+        for field in VOLATILE_MEMBER_FIELDS:
+            member.pop(field, None)
+    for node in data["nodes"].values():
+        node.pop("last_seen", None)
+    return data
+
+
+class StatePersister:
+    """Compare-and-swap writes of one job's durable state, fenced by ``leadership``."""
+
+    def __init__(self, store: SealedStore, leadership: Leadership) -> None:
+        self._store = store
+        self._leadership = leadership
+        self._revision: Revision = 0
+        self._written: bytes | None = None
+
+    @property
+    def where(self) -> str:
+        return self._store.backend.where
+
+    @property
+    def lead_lost(self) -> bool:
+        """Whether this controller may no longer be the leader (its lease may have run out)."""
+        return not self._leadership.is_leader()
+
+    def close(self) -> None:
+        """Give up the lead (the job ended) and release the connection."""
+        try:
+            self._leadership.resign()
+        finally:
+            self._store.backend.close()
+
+    def claim(self) -> None:
+        """Take the store's state slot for a new job: empty, or left by a job that ended.
+
+        Raises :class:`StoreError` if it holds a running job's state (another launcher uses
+        this key prefix) or a state this job's token cannot authenticate.
+        """
+        current, revision = self._store.get_state()
+        if current is not None:
+            previous = json.loads(current)
+            if previous.get("phase") in (JobPhase.RUNNING.value, JobPhase.FINISHING.value):
+                raise StoreError(
+                    f"{self.where} holds the state of a running job (generation "
+                    f"{previous.get('generation')}); give this job its own key prefix"
+                )
+        self._revision = revision
+
+    def save(self, job: JobState) -> None:
+        """Write ``job``'s durable state if it changed since the last write.
+
+        Raises :class:`StoreError` (nothing written) if the lead is lost, the store does not
+        answer, or another writer got in between.
+        """
+        data = json.dumps(durable_view(job), sort_keys=True, separators=(",", ":")).encode()
+        if data == self._written:
+            return
+        if not self._leadership.is_leader():
+            raise StoreError(f"this controller lost its lead on {self.where}")
+        _, revision, written = self._store.set_state(data, self._revision, self._leadership)
+        if not written:
+            raise StoreError(
+                f"another controller wrote the job state in {self.where} (revision {revision})"
+            )
+        self._revision, self._written = revision, data
+
+
+def take_lead(spec: StoreSpec, token: str, candidate: str) -> StatePersister | None:
+    """Lead the job in ``spec``'s store and claim its state slot; ``None`` for ``memory``.
+
+    Waits up to two lease lengths for the lead (a crashed earlier launcher's lease runs out
+    by then). Raises :class:`StoreError` (one line) if the store does not answer, another
+    controller keeps the lead, or the slot holds a running job's state.
+    """
+    if spec.kind is StoreKind.MEMORY:
+        return None
+    backend = open_backend(spec)
+    try:
+        leadership = backend.campaign(candidate, LEASE_SECONDS, timeout=2.0 * LEASE_SECONDS)
+    except StoreError:
+        backend.close()
+        raise
+    persister = StatePersister(SealedStore(backend, token), leadership)
+    try:
+        persister.claim()
+    except StoreError:
+        persister.close()
+        raise
+    return persister
