@@ -25,9 +25,9 @@ OMIT = {"omit": True}
 """The metadata of a field left out of the JSON while it is ``None``."""
 
 
-def optional(**metadata: Any) -> Any:
+def optional() -> Any:
     """A field that defaults to ``None`` and is left out of the JSON while it is ``None``."""
-    return dataclasses.field(default=None, metadata={"omit": True, **metadata})
+    return dataclasses.field(default=None, metadata=OMIT)
 
 
 def at_least(floor: float, what: str, default: Any = MISSING, omit: bool = False) -> Any:
