@@ -67,3 +67,13 @@ def test_declared_busy_work_is_neither_a_stall_nor_a_lost_collective():
     assert judge(beats, TIMEOUT, FRESH).healthy
     # Busy or not, silence is a hang.
     assert judge([Beat(0, 12.0, 1.0, None, busy=True)], TIMEOUT, FRESH).hung
+
+
+def test_every_slot_silent_at_once_waits_longer_before_it_is_a_hang():
+    """The controller starved of CPU sees everyone silent; fencing all would end the job."""
+    together = [Beat(0, 10.5, None, None), Beat(1, 12.0, None, None), Beat(2, 29.0, None, None)]
+    assert judge(together, TIMEOUT, FRESH).healthy
+    for_long = [Beat(0, 30.5, None, None), Beat(1, 31.0, None, None)]
+    assert sorted(judge(for_long, TIMEOUT, FRESH).hung) == [0, 1]
+    # A lone worker is judged by the plain rule: nothing is gained by waiting for it.
+    assert list(judge([Beat(0, 10.5, None, None)], TIMEOUT, FRESH).hung) == [0]

@@ -6,7 +6,8 @@ report of each slot the controller tells three faults apart, all against one tim
 from the job's own median step time (see :meth:`Controller.hang_timeout`):
 
 - **hung**: the process went silent (SIGSTOP, a GIL-holding C call, a dead host or a cut
-  network). It is fenced and replaced.
+  network). It is fenced and replaced. When every slot is silent at once, the controller
+  itself is the likelier culprit, so that counts only past :data:`ALL_SILENT` timeouts.
 - **stalled**: it still heartbeats but has been inside one step for longer than the timeout
   without waiting on any collective, so its peers wait for it (a deadlocked data loader, a
   stuck kernel). It is fenced and replaced; a stall counts against ``--max-restarts`` because
@@ -51,6 +52,10 @@ class Verdict:
         return not self.hung and not self.stalled and self.lost_collective is None
 
 
+ALL_SILENT = 3.0
+"""Every slot silent at once counts as hung only past this many hang timeouts (see judge)."""
+
+
 def judge(beats: list[Beat], timeout: float, fresh: float) -> Verdict:
     """Classify every slot from its last heartbeat.
 
@@ -64,6 +69,11 @@ def judge(beats: list[Beat], timeout: float, fresh: float) -> Verdict:
         for b in beats
         if b.silent > timeout
     }
+    if len(hung) == len(beats) > 1 and min(b.silent for b in beats) <= ALL_SILENT * timeout:
+        # Every slot silent at once is more likely this controller's own stall (starved of CPU,
+        # its network) than every worker hanging together, and fencing them all can only end
+        # the job (no replica would be left to recover from): wait longer before believing it.
+        hung = {}
     stalled = {
         b.slot: (
             f"stalled {b.step_age + b.silent:.1f} s inside one step without waiting on a "
