@@ -71,7 +71,14 @@ def _start(job: JobState, config: JobConfig, now: float) -> list[Action]:
     recovery.replan = None
     reform, recovery.reform = recovery.reform, None
     previous = recovery.current
-    merged = (previous.failures if previous else []) + list(failures.values())
+    # The slots' failures stay in ``failed`` until a plan is published, so an interrupted
+    # round already carries them: only what is not among them is carried over.
+    new = list(failures.values())
+    known = {(f["process"], f["t"]) for f in new}
+    carried = [
+        f for f in (previous.failures if previous else []) if (f["process"], f["t"]) not in known
+    ]
+    merged = carried + new
     merged += [reform] if reform is not None else []
     survivors = [m for m in job.slot_members() if m.slot not in failures]
     current = Round(
