@@ -32,8 +32,9 @@ def test_stopped_worker_is_detected_by_silence_fenced_and_replaced(tmp_path, ref
     (failure,) = summary["failures"]
     assert "heartbeat silent" in failure["detected_by"] and failure["cause"] == "SIGKILL"
     assert summary["hangs_detected"] == 1
-    # The stall includes the silence before detection; the recovery itself does not.
-    assert failure["stall_seconds"] >= 2.0 > failure["recovery_seconds"]
+    # The stall includes the silence before detection (at least the 2 s hang timeout); the
+    # recovery, timed from detection, does not. (Differences of event times, not speed.)
+    assert failure["stall_seconds"] - failure["recovery_seconds"] >= 1.99
 
 
 def test_worker_frozen_in_a_gil_holding_call_is_detected_by_silence(tmp_path, reference_weights):

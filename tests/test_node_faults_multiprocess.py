@@ -193,4 +193,5 @@ def test_partitioned_node_fences_itself_and_its_slots_move(tmp_path, reference, 
     assert cut["ok"] and cut["interfaces"] == [link.node_side]
     # The stall covers the silence before the node was declared lost.
     failure = drilled.job.summary()["failures"][0]
-    assert failure["stall_seconds"] >= 3.0 > failure["recovery_seconds"]
+    assert failure["stall_seconds"] >= 3.0
+    assert failure["stall_seconds"] > failure["recovery_seconds"]  # timed from detection
