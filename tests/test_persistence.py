@@ -11,7 +11,7 @@ import pytest
 
 from tests.fsm import Driver, join_to
 from torchrelay.control.controller import Controller
-from torchrelay.control.persistence import StatePersister, durable_view
+from torchrelay.control.persistence import StatePersister, durable_view, lead
 from torchrelay.control.state import JobPhase
 from torchrelay.control.store import SealedStore, StateTampered, StoreError
 from torchrelay.control.store.memory import MemoryBackend
@@ -22,13 +22,7 @@ TOKEN = new_token()
 
 
 def _persister(backend: MemoryBackend, token: str = TOKEN) -> StatePersister:
-    persister = StatePersister(SealedStore(backend, token), backend.campaign("me", ttl=5))
-    try:
-        persister.claim()
-    except StoreError:
-        persister.close()
-        raise
-    return persister
+    return lead(backend, token, "me")
 
 
 def _stored(backend: MemoryBackend) -> tuple[dict, int]:

@@ -30,6 +30,7 @@ from torchrelay.control.store import (
     Leadership,
     Revision,
     SealedStore,
+    StateBackend,
     StoreError,
     StoreKind,
     StoreSpec,
@@ -137,7 +138,12 @@ def take_lead(spec: StoreSpec, token: str, candidate: str) -> StatePersister | N
     """
     if spec.kind is StoreKind.MEMORY:
         return None
-    backend = open_backend(spec)
+    return lead(open_backend(spec), token, candidate)
+
+
+def lead(backend: StateBackend, token: str, candidate: str) -> StatePersister:
+    """Lead the job in ``backend`` and claim its state slot (see :func:`take_lead`); on any
+    :class:`StoreError` the backend is given back (lead resigned, connection closed)."""
     try:
         leadership = backend.campaign(candidate, LEASE_SECONDS, timeout=2.0 * LEASE_SECONDS)
     except StoreError:
