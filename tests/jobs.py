@@ -158,20 +158,23 @@ def start_node(
     script_args: tuple[str, ...] = (),
     env: dict[str, str] | None = None,
     wrapper: tuple[str, ...] = (),
+    nnodes: int = 2,
+    nproc: int = 2,
 ) -> subprocess.Popen[str]:
-    """Start node ``node_rank`` of a two-node job (2 workers each) as its own process group.
+    """Start node ``node_rank`` of an ``nnodes``-node job (``nproc`` workers each) as its own
+    process group.
 
     ``wrapper`` prefixes the command (e.g. ``ip netns exec NS`` to put the node on a network of
     its own); ``env`` adds to the environment.
     """
     command = job_command(
         run_dir,
-        nproc=2,
+        nproc=nproc,
         spares=spares,
         steps=steps,
         launcher_args=(
             "--nnodes",
-            "2",
+            str(nnodes),
             "--node-rank",
             str(node_rank),
             "--rdzv-endpoint",

@@ -40,8 +40,8 @@ def test_exits_are_described_by_signal_or_code():
 def test_workers_have_slots_spares_do_not():
     assert worker_slot("worker12") == 12
     assert worker_slot("spare0") is None and worker_slot("node1-spare3") is None
-    assert spare_node("node1-spare3", "node0") == "node1"
-    assert spare_node("spare0", "node0") == "node0"
+    assert spare_node("node1-spare3") == "node1"
+    assert spare_node("spare0") == "node0"
 
 
 def test_the_last_traceback_is_cut_from_the_output():

@@ -229,6 +229,21 @@ class NodeLost(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class ControllerTakeover(Event):
+    """A standby took the lead of the running job from its durable state (``term``: its
+    leader term), after the controller on ``previous`` was lost."""
+
+    TAG: ClassVar[str] = "controller_takeover"
+    leader: str
+    previous: str
+    term: int
+    generation: int
+    committed: int
+    control: str
+    store: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class FencedRefused(Event):
     """A report of a fenced process (``process``...) or of a lost node (``node``, ``kind``)."""
 
@@ -355,6 +370,7 @@ EVENTS = registry(
     SpareLost,
     NodeJoined,
     NodeLost,
+    ControllerTakeover,
     FencedRefused,
     ClaimRefused,
     WarningEvent,

@@ -29,6 +29,9 @@ parser.add_argument("--print-steps", action="store_true", help="a line per commi
 parser.add_argument(
     "--leash", type=Path, default=None, help="a file with the first step that must wait (tests)"
 )
+parser.add_argument(
+    "--spare-leash", type=Path, default=None, help="spares wait for this file before their loop"
+)
 args = parser.parse_args()
 
 if args.before_init == "raise":
@@ -55,6 +58,8 @@ sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 5))
 relay.track(model=model.module if args.track_inner else model, optimizer=opt, scheduler=sched)
 data = TensorDataset(torch.randn(1024, 16), torch.randn(1024, 4))
 
+while args.spare_leash and relay.is_spare and not args.spare_leash.exists():
+    time.sleep(0.02)  # a spare held before it reports ready: a recovery waits for it (tests)
 for step, (x, y) in relay.steps(data, batch_size=8, max_steps=args.steps):
     if relay.rank == args.bug_rank and step == args.bug_step:
         raise ValueError(f"deliberate bug at step {step}")

@@ -54,12 +54,16 @@ class NodeAgent:
         self.log_dir = config.run_dir / "logs"
         self.log_dir.mkdir(parents=True, exist_ok=True)
 
-    def configure(self, store_port: int, control: str, token: str) -> None:
-        """The environment every process of this node starts with: torchrun's, plus ours."""
+    def configure(
+        self, store_port: int, control: str, token: str, store_host: str | None = None
+    ) -> None:
+        """The environment every process of this node starts with: torchrun's, plus ours.
+
+        Called again when a new leader serves the job (``store_host``: where its store is)."""
         env = dict(os.environ)
         env.update(
             {
-                "MASTER_ADDR": self.config.master_addr,
+                "MASTER_ADDR": store_host or self.config.master_addr,
                 "MASTER_PORT": str(store_port),
                 "WORLD_SIZE": str(self.config.world_size),
                 "LOCAL_WORLD_SIZE": str(self.config.nproc_per_node),
@@ -67,6 +71,8 @@ class NodeAgent:
                 "TORCHRELAY_CONTROL": control,
                 "TORCHRELAY_TOKEN": token,
                 "TORCHRELAY_RUN_DIR": str(self.config.run_dir),
+                # Where a new leader is announced if this one is lost (see control.endpoint).
+                "TORCHRELAY_STATE": str(self.config.state),
                 "PYTHONUNBUFFERED": "1",
             }
         )

@@ -20,6 +20,7 @@ from torchrelay.agent.rundir import RunDirError, claim_run_dir, create_exclusive
 from torchrelay.agent.signals import ALONGSIDE, STOP_SIGNALS, StopSignals
 from torchrelay.config import JobConfig
 from torchrelay.control.controller import Controller
+from torchrelay.control.endpoint import Endpoint
 from torchrelay.control.persistence import take_lead
 from torchrelay.control.service import ControlServer
 from torchrelay.control.state import Role
@@ -103,6 +104,14 @@ class Launch:
         self.server.start()
         self.controller.start_monitor()
         self._publish_endpoint()
+        if self.persister is not None:
+            # Where a standby looks to tell whether a newer leader took over from this one.
+            store = f"{self.config.master_addr}:{self.store.port}"
+            where = Endpoint(self.server.address, store, self.persister.term)
+            try:
+                self.persister.publish(where)
+            except StoreError as exc:
+                self.controller.stop(f"the job state could not be recorded ({exc})")
         try:
             with self._stop as stop:
                 self.agent.start_workers()
@@ -119,6 +128,8 @@ class Launch:
                 assert outcome is not None
                 if outcome["status"] != "succeeded" or not self.agent.wait_all(timeout=30.0):
                     self.agent.stop_all()
+                else:
+                    self.controller.wait_all_gone(timeout=30.0)
                 return outcome
         finally:
             self.server.stop()

@@ -22,8 +22,10 @@ import threading
 from torchrelay.agent import partition
 from torchrelay.agent.agent import NodeAgent
 from torchrelay.agent.signals import ALONGSIDE, STOP_SIGNALS, StopSignals, exit_status
+from torchrelay.agent.standby import Standby
 from torchrelay.config import JobConfig
 from torchrelay.control.client import ControlClient, ControlError
+from torchrelay.control.endpoint import Endpoint, failover_for
 from torchrelay.control.lease import HEARTBEAT_RPC_TIMEOUT, keep_alive
 from torchrelay.control.protocol import (
     Chaos,
@@ -44,9 +46,17 @@ class RemoteNode:
         self.config = config
         self.control = control
         self.node = f"node{config.node_rank}"
-        self.client = ControlClient(control, token, process=f"agent@{self.node}")
+        self.token = token
+        self.client = ControlClient(
+            control,
+            token,
+            process=f"agent@{self.node}",
+            failover=failover_for(str(config.state), token),
+            on_failover=self._follow,
+        )
         self.agent = NodeAgent(config, self.node, on_exit=self._on_exit)
         self.agent.configure(config.master_port, control, token)
+        self.standby: Standby | None = None
         self._stop = StopSignals()
         self._stopped = threading.Event()
         self._isolated: str | None = None
@@ -56,6 +66,13 @@ class RemoteNode:
         # Never raises: whoever read our stderr may be gone, and this node must still stop.
         with contextlib.suppress(OSError):
             os.write(2, f"torchrelay [{self.node}]: {message}\n".encode(errors="replace"))
+
+    def _follow(self, endpoint: Endpoint) -> None:
+        """A new leader took over: processes started from now on go to it."""
+        self.control = endpoint.control
+        host, _, port = endpoint.store.rpartition(":")
+        self.agent.configure(int(port), endpoint.control, self.token, store_host=host)
+        self._say(f"following the new leader at {endpoint.control} (term {endpoint.term})")
 
     def _on_exit(self, process: str, returncode: int) -> None:
         if -returncode in STOP_SIGNALS and not self._stopped.is_set():
@@ -72,13 +89,33 @@ class RemoteNode:
         controller is gone or this node was cut off, 128 + N when signal N (SIGTERM, SIGINT)
         stopped it. This node's workers and spares are stopped in every case."""
         joined = self.client.node_join(self.node)
+        if self.client.fails_over:
+            # Joined: the job has its leader, so a standby can only ever succeed it.
+            self.standby = Standby(self.config, self.node, self.token, self.agent)
+            self.standby.start()
+        status = 1
+        try:
+            status = self._run(joined.node_timeout)
+        finally:
+            led = self._stand_down()
+        return status if led in (None, "succeeded") else max(status, 1)
+
+    def _stand_down(self) -> str | None:
+        """Stop campaigning; if this node led the job, close it and return how it ended."""
+        outcome = None if self.standby is None else self.standby.close()
+        if outcome is None:
+            return None
+        self._say(f"the job this node led ended: {outcome['status']}")
+        return str(outcome["status"])
+
+    def _run(self, node_timeout: float) -> int:
         with self._stop as stop:
             self.agent.start_workers()
             for _ in range(self.config.spares):
                 self.agent.start_spare()
             heartbeat = threading.Thread(
                 target=self._heartbeat,
-                args=(joined.node_timeout,),
+                args=(node_timeout,),
                 name="torchrelay-node-heartbeat",
                 daemon=True,
             )

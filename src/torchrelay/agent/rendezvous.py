@@ -63,6 +63,15 @@ def _why(exc: OSError, host: str) -> str:
     return f"cannot listen there ({exc.strerror or exc})"
 
 
+def address_towards(host: str) -> str:
+    """This machine's address on its route to ``host`` (the rendezvous host): where a standby
+    that takes the lead serves, so every node that reached the first leader reaches it too."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, 9, type=socket.SOCK_DGRAM)[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.connect(address)  # UDP: picks the route, sends nothing
+        return str(probe.getsockname()[0])
+
+
 def serve_store(listener: socket.socket, timeout: datetime.timedelta) -> dist.TCPStore:
     """The job's store server on ``listener`` (from :func:`bind_rendezvous`), which it takes
     over: torch's server owns and closes the socket from here on."""

@@ -4,15 +4,25 @@ It imports neither the controller nor torch, so an operator's command starts fas
 request is sealed with the job token and a fresh nonce (see :mod:`torchrelay.control.wire`);
 a refusal by the controller raises :class:`ControlError` with the gRPC status code. Messages
 are the typed ones of :mod:`torchrelay.control.protocol`, encoded and decoded here.
+
+With a :class:`~torchrelay.control.endpoint.Failover` (a job with a state store), a call that
+cannot reach the controller looks for a newer leader's endpoint, within the call's own timeout;
+once one is published the client moves there -- every thread's calls and streams, the ones
+blocked on the old connection included -- and the call is made again. A broken stream waits up
+to :data:`TAKEOVER_WAIT` for a new leader. A heartbeat's timeout is short, so its lease (see
+:mod:`torchrelay.control.lease`) still decides when a process gives up.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
 
+from torchrelay.control.endpoint import POLL_INTERVAL, Endpoint, Failover
 from torchrelay.control.protocol import (
     Command,
     JoinAnswer,
@@ -28,6 +38,20 @@ from torchrelay.control.protocol import (
 from torchrelay.control.wire import seal, unseal
 
 SERVICE = "torchrelay.Control"
+# How a lost controller shows: refused or reset connections (UNAVAILABLE; UNKNOWN "Stream
+# removed" when a stream's connection is reset), calls cut off by a client's move (CANCELLED)
+# or waiting on a dead one (DEADLINE_EXCEEDED). The controller itself refuses with other codes.
+UNREACHABLE = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.CANCELLED,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+    }
+)
+TAKEOVER_WAIT = 20.0
+"""Seconds a broken stream waits for a standby to publish its endpoint: a lost leader's lease
+(5 s) runs out, a standby wins and starts serving well within it."""
 
 
 class ControlError(RuntimeError):
@@ -39,84 +63,164 @@ class ControlError(RuntimeError):
         self.message = message
 
 
-class ControlClient:
-    """A process's connection to its job's controller."""
+class _Connection:
+    """One channel to one controller address, with its method stubs."""
 
-    def __init__(self, address: str, token: str, process: str) -> None:
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.channel = grpc.insecure_channel(address)
+        unary = ("Join", "Report", "Status", "NodeJoin", "NodeReport", "Chaos")
+        self.methods: dict[str, Any] = {
+            name: self.channel.unary_unary(f"/{SERVICE}/{name}") for name in unary
+        }
+        for name in ("Watch", "NodeWatch"):
+            self.methods[name] = self.channel.unary_stream(f"/{SERVICE}/{name}")
+
+
+class ControlClient:
+    """A process's connection to its job's controller (see the module doc for failover).
+
+    ``on_failover(endpoint)`` runs once per move to a new leader (a node agent points the
+    processes it starts from then on at it).
+    """
+
+    def __init__(
+        self,
+        address: str,
+        token: str,
+        process: str,
+        failover: Failover | None = None,
+        on_failover: Callable[[Endpoint], None] | None = None,
+    ) -> None:
         self.process = process
         self._token = token
-        self._channel = grpc.insecure_channel(address)
-        self._join = self._channel.unary_unary(f"/{SERVICE}/Join")
-        self._report = self._channel.unary_unary(f"/{SERVICE}/Report")
-        self._watch = self._channel.unary_stream(f"/{SERVICE}/Watch")
-        self._status = self._channel.unary_unary(f"/{SERVICE}/Status")
-        self._node_join = self._channel.unary_unary(f"/{SERVICE}/NodeJoin")
-        self._node_report = self._channel.unary_unary(f"/{SERVICE}/NodeReport")
-        self._chaos = self._channel.unary_unary(f"/{SERVICE}/Chaos")
-        self._node_watch = self._channel.unary_stream(f"/{SERVICE}/NodeWatch")
+        self._failover = failover
+        self.on_failover = on_failover
+        self._lock = threading.Lock()
+        self._closed = False
+        self._conn = _Connection(address)
 
-    def _call(self, method: Any, body: dict[str, Any], timeout: float) -> dict[str, Any]:
-        try:
-            response = method(
-                seal({"process": self.process, **body}, self._token),
-                timeout=timeout,
-                wait_for_ready=True,
-            )
-        except grpc.RpcError as exc:
-            raise ControlError(exc.code().name, exc.details() or "") from None
-        return unseal(response, self._token)
+    @property
+    def address(self) -> str:
+        return self._conn.address
+
+    @property
+    def fails_over(self) -> bool:
+        """Whether a lost controller may be followed by a new leader."""
+        return self._failover is not None
+
+    def _moved(self, failed: _Connection, wait: float = 0.0) -> bool:
+        """Whether calls should be made again: this client has moved off ``failed`` -- by
+        another thread, or now, to a newer leader published within ``wait`` seconds."""
+        if self._failover is None:
+            return False
+        deadline = time.monotonic() + wait
+        while self._conn is failed and not self._closed:
+            found = self._failover.newer(failed.address)
+            if found is not None:
+                self._switch(failed, found)
+            elif time.monotonic() >= deadline:
+                return False
+            else:
+                time.sleep(POLL_INTERVAL)
+        return self._conn is not failed and not self._closed
+
+    def _switch(self, failed: _Connection, found: Endpoint) -> None:
+        with self._lock:
+            if self._conn is not failed:
+                return
+            self._conn = _Connection(found.control)
+            # Calls blocked on the dead leader end now (CANCELLED) and are made again.
+            failed.channel.close()
+        if self.on_failover is not None:
+            self.on_failover(found)
+
+    def _call(self, name: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            conn = self._conn
+            try:
+                response = conn.methods[name](
+                    seal({"process": self.process, **body}, self._token),
+                    timeout=max(0.0, deadline - time.monotonic()),
+                    wait_for_ready=True,
+                )
+            except grpc.RpcError as exc:
+                # A new leader may take a lease's length to come: wait for it within the
+                # call's own timeout (a heartbeat's is short, so its lease still rules).
+                left = deadline - time.monotonic()
+                if exc.code() in UNREACHABLE and left > 0 and self._moved(conn, left):
+                    continue
+                raise ControlError(exc.code().name, exc.details() or "") from None
+            except ValueError:  # a call started on a channel another thread just closed
+                if self._conn is not conn:
+                    continue
+                raise ControlError("CANCELLED", "the connection was closed") from None
+            return unseal(response, self._token)
 
     def join(
         self, role: str, pid: int, node: str, slot: int | None, timeout: float = 60.0
     ) -> JoinAnswer:
         request = JoinRequest(role=role, pid=pid, node=node, slot=slot)
-        return JoinAnswer.from_wire(self._call(self._join, request.to_wire(), timeout))
+        return JoinAnswer.from_wire(self._call("Join", request.to_wire(), timeout))
 
     def send(self, report: Report, timeout: float = 30.0) -> dict[str, Any]:
         """Send a typed report; the answer is a :class:`Lease` for ``progress``, else empty."""
-        return self._call(self._report, report.to_wire(), timeout)
+        return self._call("Report", report.to_wire(), timeout)
 
     def report(self, kind: str, timeout: float = 30.0, **body: Any) -> dict[str, Any]:
         """An untyped report, as a test or a tool writes it: the controller decodes it and
         refuses a malformed one (``INVALID_ARGUMENT``). Processes use :meth:`send`."""
-        return self._call(self._report, {"kind": kind, **body}, timeout)
+        return self._call("Report", {"kind": kind, **body}, timeout)
 
     def status(self, timeout: float = 10.0) -> dict[str, Any]:
         """The controller's view of the job (see :meth:`Controller.status`)."""
-        return self._call(self._status, {}, timeout)
+        return self._call("Status", {}, timeout)
 
     def watch(self) -> Iterator[Message]:
         """Messages addressed to this process; raises :class:`ControlError` if the stream breaks,
         :class:`ProtocolError` on a message this version cannot read."""
-        for wire in self._stream(self._watch, {"process": self.process}):
+        for wire in self._stream("Watch", {"process": self.process}):
             yield decode_message(wire)
 
     def node_join(self, node: str, timeout: float = 60.0) -> NodeJoinAnswer:
-        answer = self._call(self._node_join, NodeJoin(node=node).to_wire(), timeout)
+        answer = self._call("NodeJoin", NodeJoin(node=node).to_wire(), timeout)
         return NodeJoinAnswer.from_wire(answer)
 
     def node_report(self, node: str, report: NodeReport, timeout: float = 30.0) -> None:
         """A node agent's heartbeat, process exit or chaos notice."""
-        self._call(self._node_report, {"node": node, **report.to_wire()}, timeout)
+        self._call("NodeReport", {"node": node, **report.to_wire()}, timeout)
 
     def chaos(self, fault: str, target: str, seconds: float = 0.0) -> dict[str, Any]:
         """Have the agent of ``target`` (a process or a node) inject ``fault`` (operators)."""
         body = {"fault": fault, "target": target, "seconds": seconds}
-        return self._call(self._chaos, body, 20.0)
+        return self._call("Chaos", body, 20.0)
 
     def node_watch(self, node: str) -> Iterator[Command]:
         """Commands for a node agent; raises :class:`ControlError` if the stream breaks,
         :class:`ProtocolError` on a command this version cannot read."""
-        for wire in self._stream(self._node_watch, {"process": self.process, "node": node}):
+        for wire in self._stream("NodeWatch", {"process": self.process, "node": node}):
             yield decode_command(wire)
 
-    def _stream(self, method: Any, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
-        stream = method(seal(body, self._token), wait_for_ready=True)
-        try:
-            for response in stream:
-                yield unseal(response, self._token)
-        except grpc.RpcError as exc:
-            raise ControlError(exc.code().name, exc.details() or "") from None
+    def _stream(self, name: str, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        """The stream's messages; re-opened on a new leader (the messages the old one queued
+        are lost with it: the new leader re-decides from the durable state)."""
+        while True:
+            conn = self._conn
+            try:
+                for response in conn.methods[name](seal(body, self._token), wait_for_ready=True):
+                    yield unseal(response, self._token)
+                return
+            except grpc.RpcError as exc:
+                if exc.code() in UNREACHABLE and self._moved(conn, TAKEOVER_WAIT):
+                    continue
+                raise ControlError(exc.code().name, exc.details() or "") from None
+            except ValueError:  # opened on a channel another thread just closed
+                if self._conn is not conn:
+                    continue
+                raise ControlError("CANCELLED", "the connection was closed") from None
 
     def close(self) -> None:
-        self._channel.close()
+        """Close the connection for good: calls and streams on it end, none moves on."""
+        self._closed = True
+        self._conn.channel.close()

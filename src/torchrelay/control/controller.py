@@ -18,7 +18,15 @@ from typing import Any
 
 from torchrelay.chaos import ChaosEvent
 from torchrelay.config import JobConfig
-from torchrelay.control import departures, drills, endings, liveness, membership, nodes
+from torchrelay.control import (
+    departures,
+    drills,
+    endings,
+    liveness,
+    membership,
+    nodes,
+    takeover,
+)
 from torchrelay.control.actions import Action, Refused
 from torchrelay.control.errors import FencedError, ProtocolError
 from torchrelay.control.executor import AgentHandle, Executor
@@ -53,12 +61,16 @@ class Controller:
         agent: AgentHandle,
         local_node: str = "node0",
         persister: StatePersister | None = None,
+        job: JobState | None = None,
     ) -> None:
+        """A new job's controller on ``local_node``, or -- given the restored ``job`` -- a
+        standby's that takes it over (then call :meth:`take_over` before serving)."""
         self.config = config
         self.ledger = ledger
         self.agent = agent
-        self.job = JobState(
+        self.job = job or JobState(
             local_node=local_node,
+            leader_node=local_node,
             hang_timeout=config.hang_floor,
             chaos_pending={e.id: e for e in config.chaos},
             spares_launching={local_node: config.spares},
@@ -120,6 +132,18 @@ class Controller:
         """Block until ``predicate()`` holds under the controller's lock (re-checked on change)."""
         with self._cond:
             return self._cond.wait_for(predicate, timeout)
+
+    def wait_all_gone(self, timeout: float) -> bool:
+        """Wait until every process of the job exited and no spare is on its way: one that
+        was still starting when the job ended must hear so from this controller, and its
+        node's agent must report its exit, before the controller stops serving."""
+
+        def gone() -> bool:
+            job = self.job
+            settled = not any(job.spares_launching.values())
+            return settled and all(m.state in GONE for m in job.members.values())
+
+        return self.wait_until(gone, timeout)
 
     def wait_finished(self, timeout: float | None = None) -> dict[str, Any] | None:
         with self._cond:
@@ -221,6 +245,16 @@ class Controller:
         Ctrl-C), not failed. Exits seen from now on are the stop itself, not failures."""
         with self._transition():
             self._apply(endings.terminate(self.job, signal_name))
+
+    def take_over(self, leader: str, term: int, control: str, store: str) -> None:
+        """Lead the restored job from node ``leader`` (see :mod:`torchrelay.control.takeover`)."""
+        with self._transition():
+            now = time.time()
+            self._apply(
+                takeover.take_over(
+                    self.job, self.config, leader, term, control, store, now, self._output_tail
+                )
+            )
 
     def join(self, process: str, request: JoinRequest) -> JoinAnswer:
         """Register a process; workers name their slot, spares get one later."""

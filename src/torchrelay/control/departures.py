@@ -105,7 +105,7 @@ def _early_exit(
     reason = never_joined(process, returncode, output)
     if reason is not None:
         return actions + fail(job, reason, traceback=output or None)
-    spare_accounted(job, spare_node(process, job.local_node))
+    spare_accounted(job, spare_node(process))
     job.spare_failures += 1
     if job.spare_failures > config.max_restarts:
         return actions + fail(

@@ -44,7 +44,7 @@ def inject_node(job: JobState, fault: str, node: str, seconds: float) -> list[Ac
     node is refused, since losing it ends the job (the controller is not replicated)."""
     if fault not in NODE_ACTIONS:
         raise ProtocolError(f"unknown fault {fault!r}")
-    if node == job.local_node:
+    if node == job.leader_node:
         raise ProtocolError(
             f"{node} hosts the controller: cutting or killing it ends the job, there is "
             "nothing to recover to; drill another node"

@@ -35,8 +35,8 @@ def signal(job: JobState, process: str, signum: int) -> list[Action]:
     nobody can reach the process, and its node's agent kills it when its lease runs out)."""
     member = job.members.get(process)
     node = member.node if member is not None else job.local_node
-    if node == job.local_node:
+    if node is not None and node == job.local_node:
         return [SignalLocal(process, signum)]
-    if job.nodes[node].alive:
+    if node in job.nodes and job.nodes[node].alive:
         return [SendToNode(node, Signal(process=process, signal=signum))]
     return []

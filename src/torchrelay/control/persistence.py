@@ -25,7 +25,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from torchrelay.control.state import JobPhase, JobState
+from torchrelay.control import endpoint
+from torchrelay.control.endpoint import Endpoint
+from torchrelay.control.state import ENDED, JobPhase, JobState
 from torchrelay.control.store import (
     Leadership,
     Revision,
@@ -69,6 +71,15 @@ def durable_view(job: JobState) -> dict[str, Any]:
     return data
 
 
+def restore(data: dict[str, Any], hang_timeout: float, now: float) -> JobState:
+    """The :class:`JobState` of a durable view, what is re-learnt from heartbeats starting
+    afresh at ``now`` (see :mod:`torchrelay.control.takeover` for the rest)."""
+    data = {**data, "hang_timeout": hang_timeout}
+    data["members"] = {p: {**m, "last_seen": now} for p, m in data["members"].items()}
+    data["nodes"] = {n: {**e, "last_seen": now} for n, e in data["nodes"].items()}
+    return JobState.from_dict(data)
+
+
 class StatePersister:
     """Compare-and-swap writes of one job's durable state, fenced by ``leadership``."""
 
@@ -109,6 +120,26 @@ class StatePersister:
                     f"{previous.get('generation')}); give this job its own key prefix"
                 )
         self._revision = revision
+
+    def resume(self) -> dict[str, Any] | None:
+        """Carry on from the stored state (a standby that won the lead): its durable view, or
+        ``None`` when there is no running job to take over (none stored, or it ended)."""
+        current, self._revision = self._store.get_state()
+        self._written = None
+        if current is None:
+            return None
+        data: dict[str, Any] = json.loads(current)
+        return None if JobPhase(data["phase"]) in ENDED else data
+
+    def publish(self, where: Endpoint) -> None:
+        """Tell every process where this leader serves (see :mod:`torchrelay.control.endpoint`).
+
+        Raises :class:`StoreError` if the lead is lost or the store does not answer."""
+        endpoint.publish(self._store.backend, self._store.token, where, self._leadership)
+
+    @property
+    def term(self) -> int:
+        return self._leadership.revision
 
     def save(self, job: JobState) -> None:
         """Write ``job``'s durable state if it changed since the last write.

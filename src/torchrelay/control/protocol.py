@@ -199,7 +199,9 @@ class Abort(Message):
 @dataclass(frozen=True, kw_only=True)
 class Plan(Message):
     """Enter ``generation`` as ``slot``: sources send the state at ``target_step`` to the
-    receivers; ``chaos``: the slot's pending chaos events."""
+    receivers; ``chaos``: the slot's pending chaos events; ``store``: the rendezvous store
+    (``host:port``) to meet in, when it is not the one the process started with (a new
+    leader serves its own)."""
 
     TAG: ClassVar[str] = "plan"
     generation: int = at_least(0, GENERATION)
@@ -209,6 +211,7 @@ class Plan(Message):
     assignments: dict[str, str]
     slot: int = at_least(0, "a slot (an integer >= 0)")
     chaos: tuple[dict[str, Any], ...] = ()
+    store: str | None = optional()
 
 
 @dataclass(frozen=True, kw_only=True)

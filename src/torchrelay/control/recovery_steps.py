@@ -226,6 +226,7 @@ def _publish_plan(job: JobState, config: JobConfig, current: Round, now: float) 
             assignments=assignments,
             slot=slot,
             chaos=tuple(chaos_for(job, slot)),
+            store=job.store or None,
         )
         actions.append(Send(process, message))
     planned = events.RecoveryPlanned(

@@ -21,7 +21,8 @@ def spare_accounted(job: JobState, node: str) -> None:
 
 def start_spare(job: JobState) -> list[Action]:
     """Start a spare on the live node that runs the fewest processes (local on ties)."""
-    live = [job.local_node] + [n for n, e in job.nodes.items() if e.alive]
+    local = [] if job.local_node is None else [job.local_node]
+    live = local + [n for n, e in job.nodes.items() if e.alive]
 
     def load(node: str) -> int:
         return sum(1 for m in job.members.values() if m.node == node and m.state not in GONE)

@@ -259,8 +259,15 @@ class RecoveryState:
 class JobState:
     """Everything the controller decides from (see the module docstring)."""
 
-    local_node: str
+    # The node whose agent the controller calls directly: its own launcher's. None once a
+    # standby leads (every node agent is then remote, the standby's own included).
+    local_node: str | None
     hang_timeout: float
+    # The node whose launcher runs the controller; it is lost with the controller.
+    leader_node: str = "node0"
+    # host:port of the rendezvous store that the next generations meet in (a new leader
+    # serves a new one: the old one died with its host).
+    store: str = ""
     members: dict[str, Member] = field(default_factory=dict)
     nodes: dict[str, NodeEntry] = field(default_factory=dict)
     generation: int = 0
@@ -299,6 +306,8 @@ class JobState:
         return {
             "local_node": self.local_node,
             "hang_timeout": self.hang_timeout,
+            "leader_node": self.leader_node,
+            "store": self.store,
             "members": {p: m.to_dict() for p, m in self.members.items()},
             "nodes": {n: asdict(e) for n, e in self.nodes.items()},
             "generation": self.generation,

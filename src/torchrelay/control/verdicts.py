@@ -53,10 +53,11 @@ def worker_slot(process: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def spare_node(process: str, local_node: str) -> str:
-    """The node a spare process runs on, from its agent-given name (``node1-spare0``)."""
+def spare_node(process: str) -> str:
+    """The node a spare process runs on, from its agent-given name (``node1-spare0``; node 0's
+    agent gives none: ``spare0``)."""
     node, sep, _ = process.partition("-spare")
-    return node if sep else local_node
+    return node if sep else "node0"
 
 
 def last_traceback(output: str, max_lines: int = TAIL_LINES) -> str:

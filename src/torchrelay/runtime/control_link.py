@@ -17,6 +17,7 @@ import traceback
 from typing import Any, NoReturn
 
 from torchrelay.control.client import ControlClient, ControlError
+from torchrelay.control.endpoint import Endpoint
 from torchrelay.control.lease import HEARTBEAT_RPC_TIMEOUT, keep_alive
 from torchrelay.control.protocol import (
     Abort,
@@ -54,6 +55,8 @@ class ControlLink:
     _current_step: int | None
     _busy: str | None
     _last_commit_t: float | None
+    _waiting: Report | None
+    _waiting_lock: threading.RLock
 
     def _send(self, report: Report) -> dict[str, Any]:
         """Send ``report`` from this process's generation."""
@@ -66,6 +69,16 @@ class ControlLink:
         except ControlError as exc:
             _die_on_control_error(exc)
             raise
+
+    def _on_new_leader(self, endpoint: Endpoint) -> None:
+        """A standby leads the job now (the client moved to it): tell it again what this
+        process waits with, since the durable state does not keep the step a halted process
+        committed (see :mod:`torchrelay.control.takeover`)."""
+        with contextlib.suppress(OSError):
+            os.write(2, f"torchrelay: the controller moved to {endpoint.control}\n".encode())
+        with self._waiting_lock:
+            if self._waiting is not None:
+                self._send(self._waiting)
 
     def _warn(self, line: str, what: str, objects: tuple[str, ...] = ()) -> None:
         """Loudly: on stderr and in the job's ledger."""
@@ -114,7 +127,13 @@ class ControlLink:
                 f"last error {error.code}); this replica is presumed replaced and stops here",
             )
 
-        keep_alive(beat, self._closing, _die_on_control_error, expired)
+        def failed(exc: ControlError) -> None:
+            # With a standby able to take over, a controller out of reach is not the end:
+            # the lease decides, as for a partition.
+            if exc.code == "FAILED_PRECONDITION" or not self._client.fails_over:
+                _die_on_control_error(exc)
+
+        keep_alive(beat, self._closing, failed, expired)
 
 
 def _die_on_control_error(exc: ControlError) -> None:
@@ -123,10 +142,10 @@ def _die_on_control_error(exc: ControlError) -> None:
             EXIT_FENCED,
             f"this process was fenced out of the job and must not continue: {exc.message}",
         )
-    if exc.code in ("UNAVAILABLE", "CANCELLED"):
+    if exc.code in ("UNAVAILABLE", "UNKNOWN", "CANCELLED", "DEADLINE_EXCEEDED"):
         _leave(
             EXIT_CONTROLLER_LOST,
-            f"lost the controller ({exc.message}); the launcher is gone, exiting",
+            f"lost the controller ({exc.code}: {exc.message}); the launcher is gone, exiting",
         )
 
 

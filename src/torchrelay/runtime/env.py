@@ -26,6 +26,7 @@ class RelayEnv:
     world_size: int
     rank: int | None
     local_rank: int
+    state: str = ""  # the job's state store (--state): where a new leader is announced
 
     @classmethod
     def from_environ(cls) -> RelayEnv:
@@ -47,4 +48,5 @@ class RelayEnv:
             world_size=int(env["WORLD_SIZE"]),
             rank=int(env["RANK"]) if env.get("TORCHRELAY_ROLE") == "worker" else None,
             local_rank=int(env.get("LOCAL_RANK", "0")),
+            state=env.get("TORCHRELAY_STATE", ""),
         )

@@ -27,6 +27,7 @@ from torchrelay.control.protocol import (
     Plan,
     Progress,
     Ready,
+    Report,
 )
 from torchrelay.runtime.devices import new_group
 from torchrelay.runtime.env import RelayEnv
@@ -48,6 +49,9 @@ class Recovery:
     tracked: TrackedState
     local: LocalMirror | None
     _store: dist.TCPStore
+    _store_address: str
+    _waiting: Report | None
+    _waiting_lock: threading.RLock
     _timeout: datetime.timedelta
     _chaos: list[ChaosEvent]
     _first_after_recovery: bool
@@ -90,17 +94,27 @@ class Recovery:
         while self._retired:
             self._retired.pop()
 
+    def _report_and_wait(self, report: Report, *kinds: type[Message]) -> Message:
+        """Send ``report`` and wait for a message of one of ``kinds``; while this process waits,
+        a new leader gets ``report`` again (see ``ControlLink._on_new_leader``)."""
+        with self._waiting_lock:
+            self._waiting = report
+        self._send(report)
+        message = self._next_message(*kinds)
+        with self._waiting_lock:
+            self._waiting = None
+        return message
+
     def _await_assignment(self) -> None:
-        self._send(Ready())
-        message = self._next_message(Plan, Finish)
+        message = self._report_and_wait(Ready(), Plan, Finish)
         if not isinstance(message, Plan):
             self._closing.set()
             raise SystemExit(0)
         self._apply_plan(message)
 
     def _recover(self, in_flight: int | None) -> None:
-        self._send(Halted(committed=self.committed, in_flight=in_flight))
-        message = self._next_message(Plan, Finish)
+        halted = Halted(committed=self.committed, in_flight=in_flight)
+        message = self._report_and_wait(halted, Plan, Finish)
         if not isinstance(message, Plan):
             raise RuntimeError("the job ended while this worker was waiting to recover")
         self._apply_plan(message)
@@ -151,8 +165,7 @@ class Recovery:
                     valid=self._state_valid,
                     reason=str(exc),
                 )
-                self._send(halted)
-                plan = self._next_message(Plan)  # type: ignore[assignment]
+                plan = self._report_and_wait(halted, Plan)  # type: ignore[assignment]
 
     def _enter(self, plan: Plan) -> None:
         generation, slot, target = plan.generation, plan.slot, plan.target_step
@@ -161,6 +174,11 @@ class Recovery:
         kept = [e for e in self._chaos if e.action == "slow"]
         handed = [ChaosEvent.from_dict(e) for e in plan.chaos]
         self._chaos = kept + [e for e in handed if e not in kept]
+        if plan.store is not None and plan.store != self._store_address:
+            # A new leader serves the rendezvous store: the first one died with its host.
+            host, _, port = plan.store.rpartition(":")
+            self._store = dist.TCPStore(host, int(port), is_master=False, timeout=self._timeout)
+            self._store_address = plan.store
         self._bind(generation, slot)
         self._send(PhaseDone(phase="comm_ready", t=time.time()))
         self._maybe_fire("transfer", step=target + 1)

@@ -36,7 +36,8 @@ from torch.utils.data import DataLoader
 
 from torchrelay.chaos import ChaosEvent
 from torchrelay.control.client import ControlClient
-from torchrelay.control.protocol import JoinAnswer, MaxSteps, Message
+from torchrelay.control.endpoint import failover_for
+from torchrelay.control.protocol import JoinAnswer, MaxSteps, Message, Report
 from torchrelay.runtime import default_group
 from torchrelay.runtime.chaos_inject import ChaosInjection
 from torchrelay.runtime.control_link import ControlLink, install_excepthook
@@ -77,9 +78,12 @@ class Relay(ControlLink, Recovery, ChaosInjection):
         self._agreement = AgreementCheck()
         self._client = client
         self._timeout = datetime.timedelta(seconds=joined.collective_timeout)
+        self._store_address = f"{env.master_addr}:{env.master_port}"
         self._store = dist.TCPStore(
             env.master_addr, env.master_port, is_master=False, timeout=self._timeout
         )
+        self._waiting: Report | None = None  # what this process waits on a plan with
+        self._waiting_lock = threading.RLock()
         self._chaos = [ChaosEvent.from_dict(e) for e in joined.chaos]
         self._inbox: queue.Queue[Message] = queue.Queue()
         self._closing = threading.Event()
@@ -300,6 +304,9 @@ def init(seed: int = 0) -> Relay:
     spare waits for a slot in :meth:`Relay.steps`.
     """
     env = RelayEnv.from_environ()
-    client = ControlClient(env.control, env.token, env.process)
+    failover = failover_for(env.state, env.token)
+    client = ControlClient(env.control, env.token, env.process, failover=failover)
     joined = client.join(env.role, os.getpid(), env.node, env.rank)
-    return Relay(env, client, joined, seed)
+    relay = Relay(env, client, joined, seed)
+    client.on_failover = relay._on_new_leader
+    return relay

@@ -123,6 +123,15 @@ class StateBackend(ABC):
         """
 
     @abstractmethod
+    def publish(self, name: str, value: bytes, fence: Leadership) -> None:
+        """Store ``value`` under ``name`` (a record beside the state, e.g. the control
+        endpoint), only while ``fence`` holds the lead (else :class:`NotLeader`)."""
+
+    @abstractmethod
+    def lookup(self, name: str) -> bytes | None:
+        """The record stored under ``name``, or ``None``."""
+
+    @abstractmethod
     def check(self) -> None:
         """Raise :class:`StoreUnavailable` unless the store answers now."""
 

@@ -1,5 +1,5 @@
 """The etcd v3 backend: the job's state under ``/<prefix>/state``, its leader under
-``/<prefix>/leader``.
+``/<prefix>/leader``, records it publishes (the control endpoint) under ``/<prefix>/records/``.
 
 A write is one transaction: compare the state key's ``mod_revision`` with the revision the
 writer read (0: no key yet), and, when fenced, the leader key's ``create_revision`` with the
@@ -38,6 +38,7 @@ class EtcdBackend(StateBackend):
         self._host, self._port, self._timeout = host, port, timeout
         self._conn = EtcdConnection(host, port, timeout)
         self.where = self._conn.where
+        self._prefix = f"/{prefix}"
         self.state_key = f"/{prefix}/state"
         self.leader_key = f"/{prefix}/leader"
 
@@ -75,6 +76,21 @@ class EtcdBackend(StateBackend):
         on_lost: Callable[[], None] | None = None,
     ) -> Leadership:
         return campaign(self._connect, self.leader_key, candidate, ttl, timeout, on_lost)
+
+    def publish(self, name: str, value: bytes, fence: Leadership) -> None:
+        key = self._record_key(name)
+        compare = [equal(self.leader_key, "CREATE", fence.revision)]
+        success = [{"request_put": {"key": b64(key), "value": b64(value)}}]
+        if not self._conn.txn(f"publish {name}", compare, success, []).get("succeeded"):
+            raise NotLeader(
+                f"{self.where}: {fence.candidate!r} no longer leads: {name} not published"
+            )
+
+    def lookup(self, name: str) -> bytes | None:
+        return _value(self._conn.get(f"read {name}", self._record_key(name)))[0]
+
+    def _record_key(self, name: str) -> str:
+        return f"{self._prefix}/records/{name}"
 
     def check(self) -> None:
         self._conn.get("read state", self.state_key)

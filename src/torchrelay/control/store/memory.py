@@ -54,6 +54,7 @@ class MemoryBackend(StateBackend):
         self._revision: Revision = 0
         self._counter = 0  # one sequence for state writes and terms, like etcd's revision
         self._leader: MemoryLeadership | None = None
+        self._records: dict[str, bytes] = {}
 
     def get_state(self) -> tuple[bytes | None, Revision]:
         with self._cond:
@@ -92,6 +93,16 @@ class MemoryBackend(StateBackend):
             self._counter += 1
             self._leader = MemoryLeadership(self, candidate, self._counter, on_lost)
             return self._leader
+
+    def publish(self, name: str, value: bytes, fence: Leadership) -> None:
+        with self._cond:
+            if self._leader is not fence:
+                raise NotLeader(f"{fence.candidate!r} no longer leads: {name} not published")
+            self._records[name] = bytes(value)
+
+    def lookup(self, name: str) -> bytes | None:
+        with self._cond:
+            return self._records.get(name)
 
     def check(self) -> None:
         return None

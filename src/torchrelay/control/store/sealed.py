@@ -25,7 +25,7 @@ class SealedStore:
 
     def __init__(self, backend: StateBackend, token: str) -> None:
         self.backend = backend
-        self._token = token
+        self.token = token
 
     def get_state(self) -> tuple[bytes | None, Revision]:
         """The authenticated state and its revision, ``(None, 0)`` when none is stored."""
@@ -36,7 +36,7 @@ class SealedStore:
         self, state: bytes, revision: Revision, fence: Leadership | None = None
     ) -> tuple[bytes | None, Revision, bool]:
         """As :meth:`StateBackend.set_state`; the current state returned is authenticated."""
-        sealed = seal({"state": base64.b64encode(state).decode()}, self._token)
+        sealed = seal({"state": base64.b64encode(state).decode()}, self.token)
         current, new_revision, written = self.backend.set_state(sealed, revision, fence)
         if written:
             return bytes(state), new_revision, True
@@ -46,7 +46,7 @@ class SealedStore:
         if raw is None:
             return None
         try:
-            body = unseal(raw, self._token)
+            body = unseal(raw, self.token)
             return base64.b64decode(body["state"], validate=True)
         except (WireError, KeyError, TypeError, binascii.Error) as exc:
             raise StateTampered(
