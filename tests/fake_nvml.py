@@ -5,6 +5,7 @@ scripted GPUs. Built per test by :func:`fake_nvml` and handed to ``NvmlSource(nv
 from __future__ import annotations
 
 import types
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,6 +77,7 @@ class Gpu:
     recovery: int | None = 0  # None: the field answers NotSupported
     fails: dict[str, int] = field(default_factory=dict)
     lost: bool = False
+    uuid: str = field(default_factory=lambda: f"GPU-{uuid.uuid4()}")
 
 
 @dataclass
@@ -164,6 +166,7 @@ def fake_nvml(driver: Driver, *, event_names: bool = True, recovery_field: bool 
         "nvmlDeviceGetCount": lambda: len(driver.gpus),
         "nvmlDeviceGetHandleByIndex": lambda i: driver.gpus[i],
         "nvmlDeviceGetIndex": driver.gpus.index,
+        "nvmlDeviceGetUUID": lambda handle: ask(handle, "nvmlDeviceGetUUID", handle.uuid),
         "nvmlDeviceGetTemperature": temperature,
         "nvmlDeviceGetTemperatureThreshold": threshold,
         "nvmlDeviceGetCurrentClocksThrottleReasons": reasons,

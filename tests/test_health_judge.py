@@ -157,3 +157,23 @@ def test_judge_never_mutates_the_state_it_was_given():
     after, _ = polls(before, "node0", 0, [HOT] * 3)
     assert before.tracks == {} and before.advised_at == () and before.in_flight == frozenset()
     assert after.in_flight == {("node0", 0)}
+
+
+def test_the_earliest_warned_goes_first_even_from_time_zero():
+    state = fresh(world_size=4)
+    state, _ = judge(state, [read("node1", 0, 0.0)], 0.0)  # node1 warned first, at t = 0
+    for t in (5.0, 10.0, 15.0):
+        state, advice = judge(state, [read("node0", 0, t), read("node1", 0, t)], t)
+        if advice:
+            break
+    assert [a.node for a in advice] == ["node1"] and advice[0].since == 0.0
+
+
+def test_a_device_is_not_advised_twice_while_its_handover_runs():
+    state, advice = polls(fresh(clear_polls=1), "node0", 0, [HOT] * 3)
+    assert len(advice) == 1
+    state, advice = polls(state, "node0", 0, [COOL] + [HOT] * 3, t0=100.0)
+    assert advice == [] and state.tracks[("node0", 0)].flagged  # cleared, flagged anew
+    state = finished(state, "node0", 0)
+    state, advice = judge(state, [], 200.0)
+    assert len(advice) == 1 and advice[0].since == 105.0

@@ -21,16 +21,16 @@ from tests.fake_nvml import (
     Gpu,
     fake_nvml,
 )
-from torchrelay.health.nvml import NvmlFailure, NvmlSource
+from torchrelay.health.nvml import NvmlFailure, NvmlSource, cuda_order
 from torchrelay.health.poller import HealthPoller
 from torchrelay.health.readings import Reading, RecoveryAction, Source, Throttle
 
 
-def source(driver: Driver, **module) -> tuple[NvmlSource, list[str]]:
+def source(driver: Driver, visible: str | None = None, **module) -> tuple[NvmlSource, list[str]]:
     lines: list[str] = []
-    return NvmlSource(
-        "node3", nvml=fake_nvml(driver, **module), log=lines.append, clock=lambda: 7.0
-    ), lines
+    environ = {} if visible is None else {"CUDA_VISIBLE_DEVICES": visible}
+    nvml = fake_nvml(driver, **module)
+    return NvmlSource("node3", nvml, lines.append, clock=lambda: 7.0, environ=environ), lines
 
 
 def test_normal_readings_map_every_field():
@@ -137,7 +137,7 @@ def test_no_gpu_disables_the_source_and_shuts_nvml_down():
 def test_no_pynvml_module_disables_the_source(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)  # `import pynvml` raises ImportError
     lines: list[str] = []
-    nvml = NvmlSource("node3", log=lines.append)
+    nvml = NvmlSource("node3", log=lines.append, environ={})
     assert not nvml.enabled and nvml.read() == []
     assert len(lines) == 1 and "nvidia-ml-py" in lines[0]
 
@@ -211,13 +211,33 @@ def test_the_fake_speaks_the_installed_pynvml():
 def test_the_real_nvml_reads_every_gpu_or_disables_itself_with_one_line():
     pynvml = pytest.importorskip("pynvml")
     lines: list[str] = []
-    nvml = NvmlSource("node0", nvml=pynvml, log=lines.append)
+    nvml = NvmlSource("node0", nvml=pynvml, log=lines.append)  # this environment's devices
     try:
         if not nvml.enabled:  # no NVIDIA driver here
             assert len(lines) == 1 and lines[0].startswith("NVML source disabled")
             return
         readings = nvml.read()
-        assert [r.device for r in readings] == list(range(pynvml.nvmlDeviceGetCount()))
+        assert 0 < len(readings) <= pynvml.nvmlDeviceGetCount()
+        assert [r.device for r in readings] == list(range(len(readings)))
         assert all(r.temperature_c is None or 0 < r.temperature_c < 130 for r in readings)
     finally:
         nvml.close()
+
+
+def test_devices_are_numbered_as_cuda_numbers_them_under_cuda_visible_devices():
+    gpus = [Gpu(temperature=50 + i) for i in range(4)]
+    nvml, _ = source(Driver(gpus, xid=[(2, 79), (0, 48)]), visible=f"2,{gpus[0].uuid[:12]}")
+    assert driver_temperatures(nvml.read()) == [(0, 52.0, (79,)), (1, 50.0, (48,))]
+    assert cuda_order(None, 3, str) == [0, 1, 2]
+    uuids = ["GPU-aa", "GPU-ab", "GPU-b"]
+    assert cuda_order("1,GPU-b,7,0", 3, uuids.__getitem__) == [1, 2]  # stops at the bad one
+    assert cuda_order("GPU-a", 3, uuids.__getitem__) == []  # ambiguous: names no one device
+    assert cuda_order("0,0", 3, uuids.__getitem__) == [0]
+    assert cuda_order("", 3, uuids.__getitem__) == []
+    hidden, lines = source(Driver([Gpu()]), visible="")
+    assert not hidden.enabled
+    assert lines == ["NVML source disabled: no GPU on node3 (CUDA_VISIBLE_DEVICES='')"]
+
+
+def driver_temperatures(readings: list[Reading]) -> list[tuple[int, float | None, tuple[int, ...]]]:
+    return [(r.device, r.temperature_c, r.xid) for r in readings]

@@ -64,7 +64,8 @@ def check_entry(entry: Any, node: str) -> None:
     if entry.get("device") is None and entry.get("process") is None:
         raise InjectionError("an entry names neither a device nor a process")
     try:
-        _reading(entry, node, entry.get("device", 0), 0.0)
+        device = entry.get("device")
+        _reading(entry, node, 0 if device is None else device, 0.0)
     except ReadingError as exc:
         raise InjectionError(str(exc).removeprefix("Reading: ")) from None
 

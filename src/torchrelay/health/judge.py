@@ -92,8 +92,10 @@ def judge(
         tracks[key] = _step(state.policy, tracks.get(key, Track()), batch)
     window = tuple(t for t in state.advised_at if now - t < state.policy.window_seconds)
     state = dataclasses.replace(state, tracks=tracks, advised_at=window)
-    waiting = [k for k, tr in tracks.items() if tr.flagged and not tr.advised]
-    waiting.sort(key=lambda k: (not _is_fault(tracks[k]), tracks[k].since or now, k))
+    waiting = [
+        k for k, tr in tracks.items() if tr.flagged and not tr.advised and k not in state.in_flight
+    ]
+    waiting.sort(key=lambda k: (not _is_fault(tracks[k]), _since(tracks[k], now), k))
     advice = []
     for key in waiting:
         track = tracks[key]
@@ -109,7 +111,7 @@ def judge(
                 severity=track.finding.severity,
                 reason=track.finding.reason,
                 trigger=track.trigger,
-                since=track.since if track.since is not None else now,
+                since=_since(track, now),
                 t=now,
             )
         )
@@ -133,6 +135,10 @@ def _room(state: HealthJudge) -> bool:
     return len(state.advised_at) < policy.max_migrations and len(
         state.in_flight
     ) < policy.concurrent(state.world_size)
+
+
+def _since(track: Track, now: float) -> float:
+    return track.since if track.since is not None else now
 
 
 def _is_fault(track: Track) -> bool:

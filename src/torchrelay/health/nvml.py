@@ -22,8 +22,9 @@ The module is injected (``nvml=``) in tests: a fake with the same names.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Any
 
@@ -62,8 +63,39 @@ def _load_pynvml() -> ModuleType | None:
     return pynvml
 
 
+def cuda_order(visible: str | None, count: int, uuid: Callable[[int], str]) -> list[int]:
+    """The NVML indices of the devices CUDA numbers 0, 1, ... in a process started with
+    ``CUDA_VISIBLE_DEVICES=visible`` (None: unset, every device in NVML's PCI order, which is
+    CUDA's for identical GPUs); entries are indices or UUID prefixes (``GPU-8d2f...``), and
+    like CUDA the list ends at the first entry that names no device. ``count`` devices in
+    all; ``uuid(i)``: the UUID of NVML's device ``i``, asked only for an entry that is one.
+    """
+    if visible is None:
+        return list(range(count))
+    order: list[int] = []
+    for entry in (e.strip() for e in visible.split(",")):
+        if entry.isdigit() and int(entry) < count:
+            index = int(entry)
+        else:
+            named = [i for i in range(count) if entry and uuid(i).startswith(entry)]
+            if len(named) != 1:
+                break
+            index = named[0]
+        if index in order:
+            break
+        order.append(index)
+    return order
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
 class NvmlSource:
-    """Readings of every GPU NVML sees on ``node``, one :class:`Reading` per device and poll."""
+    """Readings of the GPUs of ``node`` this job's processes see, one :class:`Reading` per
+    device and poll. A reading's ``device`` is the CUDA ordinal (``cuda:N``, what the agent
+    hands out as ``LOCAL_RANK``), not NVML's index: the two differ under
+    ``CUDA_VISIBLE_DEVICES`` (in ``environ``, the environment the workers inherit)."""
 
     name = "nvml"
 
@@ -73,11 +105,13 @@ class NvmlSource:
         nvml: ModuleType | None = None,
         log: Log = log_stderr,
         clock: Callable[[], float] = time.time,
+        environ: Mapping[str, str] = os.environ,
     ) -> None:
         self.node = node
         self._log = log
         self._clock = clock
-        self._handles: list[Any] = []
+        self._handles: list[Any] = []  # by CUDA ordinal, the device index of the readings
+        self._ordinal: dict[int, int] = {}  # NVML index -> CUDA ordinal
         self._events: Any = None
         self.enabled = False
         self._nvml = nvml if nvml is not None else _load_pynvml()
@@ -93,15 +127,21 @@ class NvmlSource:
                 "NVML_ERROR_FUNCTION_NOT_FOUND",
             )
         }
+        visible = environ.get("CUDA_VISIBLE_DEVICES")
         try:
             nv.nvmlInit()
-            count = nv.nvmlDeviceGetCount()
-            self._handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+            handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(nv.nvmlDeviceGetCount())]
+            order = cuda_order(
+                visible, len(handles), lambda i: _text(nv.nvmlDeviceGetUUID(handles[i]))
+            )
         except nv.NVMLError as exc:
             log(f"NVML source disabled: {exc} (no NVIDIA driver or GPU usable on {node})")
             return
+        self._handles = [handles[i] for i in order]
+        self._ordinal = {index: ordinal for ordinal, index in enumerate(order)}
         if not self._handles:
-            log(f"NVML source disabled: no GPU on {node}")
+            shown = "" if visible is None else f" (CUDA_VISIBLE_DEVICES={visible!r})"
+            log(f"NVML source disabled: no GPU on {node}{shown}")
             self._shutdown()
             return
         self.enabled = True
@@ -239,7 +279,8 @@ class NvmlSource:
                     index = nv.nvmlDeviceGetIndex(data.device)
                 except nv.NVMLError as exc:
                     raise NvmlFailure(f"nvmlDeviceGetIndex: {exc}") from None
-                found.setdefault(index, []).append(int(data.eventData))
+                if index in self._ordinal:  # only visible devices are registered
+                    found.setdefault(self._ordinal[index], []).append(int(data.eventData))
         return found
 
     # ------------------------------------------------------------------ end
