@@ -4,6 +4,8 @@ one-line errors."""
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 
@@ -172,3 +174,14 @@ def test_readings_refuse_bad_wire_values_with_one_line():
         with pytest.raises(ReadingError, match=r"^Reading: ") as caught:
             Reading.from_wire({**wire, field: value})
         assert says in str(caught.value)
+
+
+def test_the_documented_policy_file_loads(tmp_path):
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "health.md").read_text()
+    example = tmp_path / "health.toml"
+    example.write_text(re.search(r"```toml\n(.*?)```", docs, re.S).group(1))
+    policy = load_policy(example)
+    assert policy.max_fraction == 0.125 and policy.throttle == (
+        Throttle.HW_THERMAL,
+        Throttle.HW_SLOWDOWN,
+    )

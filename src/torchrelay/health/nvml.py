@@ -3,7 +3,7 @@
 Reads, per device and poll, through ``nvidia-ml-py`` (``import pynvml``): the temperature and
 its margin to the slowdown threshold, the clocks-event (throttle) reasons, the volatile and
 aggregate uncorrected ECC counts, the remapped-rows flags, the driver's recovery action
-(``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``, drivers R565 and later) and the critical Xid events
+(``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``, where the driver has it) and the critical Xid events
 posted since the previous poll (an event set polled with a zero timeout: never blocks).
 
 Failure behaviour, so that a node without NVIDIA GPUs runs as before:
@@ -136,6 +136,7 @@ class NvmlSource:
             )
         except nv.NVMLError as exc:
             log(f"NVML source disabled: {exc} (no NVIDIA driver or GPU usable on {node})")
+            self._shutdown()  # if nvmlInit got that far
             return
         self._handles = [handles[i] for i in order]
         self._ordinal = {index: ordinal for ordinal, index in enumerate(order)}
