@@ -1,7 +1,8 @@
 """Frozen dataclasses that cross a boundary as plain JSON: control messages, ledger events.
 
 A :class:`Plain` subclass declares its fields with type hints (``int``, ``float``, ``str``,
-``bool``, ``X | None``, ``tuple[X, ...]``, ``dict[str, X]``, ``Any``) and, where a number
+``bool``, an :class:`enum.Enum` (its values on the wire), ``X | None``, ``tuple[X, ...]``,
+``dict[str, X]``, ``Any``) and, where a number
 has a floor, :func:`at_least`. :meth:`Plain.from_plain` checks every field of a decoded JSON
 object against its hint and floor and raises the class's ``ERROR`` with one line naming the
 message and the field; fields it does not know are ignored (a newer sender may add some).
@@ -14,6 +15,7 @@ Imports neither torch nor the controller: workers and operators' tools load it.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import math
 import types
@@ -66,6 +68,8 @@ def _conforms(value: Any, hint: Any) -> bool:
         return number and math.isfinite(value)
     if hint is str:
         return isinstance(value, str)
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return any(value == member.value and type(value) is type(member.value) for member in hint)
     if origin is tuple:
         return isinstance(value, (list, tuple)) and all(_conforms(v, args[0]) for v in value)
     if origin is dict:
@@ -76,9 +80,16 @@ def _conforms(value: Any, hint: Any) -> bool:
 
 
 def _convert(value: Any, hint: Any) -> Any:
-    """JSON lists become the tuples the frozen classes hold; integers for floats, floats."""
+    """JSON lists become the tuples the frozen classes hold; integers for floats, floats;
+    an enumeration's value, its member."""
     if isinstance(value, list):
-        return tuple(value)
+        tuples = [h for h in (hint, *typing.get_args(hint)) if typing.get_origin(h) is tuple]
+        if not tuples:
+            return tuple(value)
+        return tuple(_convert(v, typing.get_args(tuples[0])[0]) for v in value)
+    for kind in (hint, *typing.get_args(hint)):
+        if isinstance(kind, type) and issubclass(kind, enum.Enum) and _conforms(value, kind):
+            return kind(value)
     wants_float = hint is float or float in typing.get_args(hint)
     if wants_float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
@@ -109,7 +120,9 @@ class Plain:
             value = getattr(self, f.name)
             if value is None and f.metadata.get("omit"):
                 continue
-            plain[f.name] = list(value) if isinstance(value, tuple) else value
+            plain[f.name] = (
+                [_plain(v) for v in value] if isinstance(value, tuple) else _plain(value)
+            )
         return plain
 
     @classmethod
@@ -133,6 +146,10 @@ class Plain:
         return cls(**values)
 
 
+def _plain(value: Any) -> Any:
+    return value.value if isinstance(value, enum.Enum) else value
+
+
 def _describe(hint: Any) -> str:
     """What a value of ``hint`` is, in words: ``a float or null``, ``a list of str``..."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
@@ -144,6 +161,8 @@ def _describe(hint: Any) -> str:
         return f"an object of {_describe(args[1]).removeprefix('a ')}"
     if hint is Any:
         return "a JSON value"
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return "one of " + ", ".join(repr(member.value) for member in hint)
     return f"a {getattr(hint, '__name__', hint)}"
 
 

@@ -12,7 +12,7 @@ import os
 import sys
 from typing import NoReturn
 
-from torchrelay.cli import demo, operator, report, run
+from torchrelay.cli import demo, health, operator, report, run
 from torchrelay.simulate import cli as simulate
 
 EXIT_BROKEN_PIPE = 141
@@ -36,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_parser(subparsers)
     demo.add_parser(subparsers)
     operator.add_parsers(subparsers)
+    health.add_parsers(subparsers)
     simulate.add_parser(subparsers)
     return parser
 

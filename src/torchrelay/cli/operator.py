@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from torchrelay.cli import health
+
 if TYPE_CHECKING:
     from torchrelay.control.client import ControlClient
 
@@ -85,6 +87,7 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     where.add_argument("--node", type=int)
     where.add_argument("--rank", type=int, help="partition the node that runs this rank")
     partition.add_argument("--seconds", type=float, required=True)
+    health.add_overheat(faults)
     chaos.set_defaults(func=run_chaos)
 
 
@@ -122,6 +125,8 @@ def run_status(args: argparse.Namespace) -> int:
 
 
 def run_chaos(args: argparse.Namespace) -> int:
+    if args.fault == "overheat":
+        return health.run_overheat(args)
     status = job_status(args.run_dir)
     slots = {m["slot"]: m for m in status["slots"]}
     rank = getattr(args, "rank", None)
