@@ -34,10 +34,12 @@ from torchrelay.control.protocol import (
     Report,
 )
 from torchrelay.control.recovery_steps import advance
+from torchrelay.control.recovery_view import describe_recovery
 from torchrelay.control.rejections import Rejections
 from torchrelay.control.state import GONE, JobState, Member, MemberState, NodeEntry, Role
 from torchrelay.control.store import StoreError
 from torchrelay.control.verdicts import describe_exit, last_traceback
+from torchrelay.events import Event
 from torchrelay.ledger import Ledger
 
 __all__ = ["AgentHandle", "Controller", "FencedError", "ProtocolError"]
@@ -53,6 +55,7 @@ class Controller:
         agent: AgentHandle,
         local_node: str = "node0",
         persister: StatePersister | None = None,
+        observe: Callable[[Event], None] | None = None,
     ) -> None:
         self.config = config
         self.ledger = ledger
@@ -65,7 +68,7 @@ class Controller:
         )
         # Control requests refused before they reached the controller (counted by the server).
         self.rejections = Rejections(ledger)
-        self._executor = Executor(ledger, agent, self.rejections, self._kick_recovery)
+        self._executor = Executor(ledger, agent, self.rejections, self._kick_recovery, observe)
         self._cond = threading.Condition()
         self._recovery_thread: threading.Thread | None = None
         # Set once the durable state could not be written: from then on nothing is acted on
@@ -156,6 +159,7 @@ class Controller:
                 ],
                 "steps_committed": job.highest_committed + 1,
                 "recovering": job.recovery.current is not None,
+                "recovery": describe_recovery(job.recovery, now),
                 "hang_timeout": job.hang_timeout,
                 "nodes": {
                     n.name: {"alive": n.alive, "seconds_since_heartbeat": now - n.last_seen}
