@@ -4,6 +4,7 @@ tested without a job. Imports neither torch nor the controller."""
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections import deque
 from typing import Any
@@ -97,7 +98,7 @@ def describe_event(event: Event) -> str:
 
 def _header(status: dict[str, Any], rate: float | None, title: str) -> Text:
     steps = [m["step_seconds"] for m in status["slots"] if "step_seconds" in m]
-    step_time = f"{sorted(steps)[len(steps) // 2]:.3f} s/step" if steps else "step time -"
+    step_time = f"{statistics.median(steps):.3f} s/step" if steps else "step time -"
     ready = sum(1 for m in status["spares"] if m["state"] == "ready")
     header = Text(f"{title}  ", style="bold")
     header.append(
@@ -132,7 +133,7 @@ def _members(status: dict[str, Any]) -> Table:
         table.add_column(column, justify="right" if column != "process" else "left")
     for m in status["slots"] + status["spares"]:
         step = m.get("step_seconds")
-        table.add_row(
+        cells = (
             "spare" if m["slot"] is None else str(m["slot"]),
             m["process"],
             m["node"],
@@ -142,6 +143,7 @@ def _members(status: dict[str, Any]) -> Table:
             "-" if step is None else f"{step:.3f}",
             f"{m['seconds_since_heartbeat']:.1f}",
         )
+        table.add_row(*map(Text, cells))  # Text: names are shown as they are, never as markup
     return table
 
 
@@ -152,7 +154,7 @@ def _events(events: list[Event]) -> Table:
     table.add_column("what")
     for event in events:
         at = time.strftime("%H:%M:%S", time.localtime(event.t)) if event.t else "-"
-        table.add_row(at, event.TAG, describe_event(event))
+        table.add_row(at, event.TAG, Text(describe_event(event)))
     return table
 
 

@@ -88,11 +88,18 @@ def show(
                 rate.add(time.monotonic(), status["steps_committed"])
                 live.update(render(status, list(tail.recent), rate.rate(), title), refresh=True)
     except KeyboardInterrupt:
-        console.print("torchrelay: stopped watching; the job goes on")
+        _say(console, "torchrelay: stopped watching; the job goes on")
         return 0
     tail.poll()
-    console.print(_ended(tail.ended, run_dir))
+    _say(console, _ended(tail.ended, run_dir))
     return 0
+
+
+def _say(console: Console, line: str) -> None:
+    """``line`` under the last view, unwrapped (a pipe gets the view without its last newline)."""
+    if not console.is_terminal:
+        console.line()
+    print(line, flush=True)
 
 
 def _ended(end: JobEnd | None, run_dir: Path) -> str:

@@ -60,7 +60,7 @@ class JobObserver:
         self._spare_wait = SpareWait(emit)
         self._interval = interval
         self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="torchrelay-observer", daemon=True)
+        self._thread = threading.Thread(target=self.run, name="torchrelay-observer", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -76,7 +76,9 @@ class JobObserver:
             self._metrics.refresh(status)
         self._spare_wait.update(status["recovery"])
 
-    def _run(self) -> None:
+    def run(self) -> None:
+        """Observe every ``interval`` until a snapshot shows the outcome (:meth:`start` runs
+        this in a thread)."""
         while not self._stopped.wait(self._interval):
             status = self._status()
             self.observe(status)
