@@ -53,7 +53,7 @@ STATUS = {
     "hang_timeout": 10.0,
     "nodes": {},
     "stragglers": [{"slot": 0, "slowdown": 2.5}],
-    "rejected_requests": {},
+    "rejected_requests": {"bad_seal": 3},
     "outcome": None,
 }
 
@@ -81,6 +81,7 @@ def test_the_view_shows_slots_spares_rate_recovery_and_events():
     for name in ("worker0", "spare1", "spare2", "halted", "starting"):
         assert name in shown
     assert "straggler: slot 0 computes 2.5x slower" in shown
+    assert "control requests refused: bad_seal 3" in shown
     assert "slot 1 failed: SIGKILL [signal] (worker1, process exit (waitpid))" in shown
 
 

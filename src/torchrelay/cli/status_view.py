@@ -161,7 +161,8 @@ def _events(events: list[Event]) -> Table:
 def render(
     status: dict[str, Any], events: list[Event], rate: float | None, title: str
 ) -> RenderableType:
-    """The whole view: header, recovery line, slots and spares, nodes, stragglers, events."""
+    """The whole view: header, recovery line, slots and spares, nodes, stragglers, refused
+    control requests, events."""
     parts: list[RenderableType] = [_header(status, rate, title), _recovery(status)]
     parts.append(_members(status))
     for name, node in status["nodes"].items():
@@ -171,6 +172,10 @@ def render(
         parts.append(
             Text(f"straggler: slot {s['slot']} computes {s['slowdown']:.1f}x slower than its peers")
         )
+    refused = status.get("rejected_requests") or {}
+    if refused:
+        counts = ", ".join(f"{reason} {n}" for reason, n in sorted(refused.items()))
+        parts.append(Text(f"control requests refused: {counts}", style="yellow"))
     if events:
         parts.append(_events(events[-RECENT:]))
     return Group(*parts)
