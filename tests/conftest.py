@@ -12,6 +12,7 @@ import pytest
 import torch.distributed as dist
 
 from tests.etcd import etcd  # noqa: F401  (a fixture: a real etcd on free loopback ports)
+from tests.live_job import live_job  # noqa: F401  (a fixture: a controller behind its RPC)
 
 
 def run_ranks(

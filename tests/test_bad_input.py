@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -166,6 +167,14 @@ RUN_CASES = {
         lambda tmp_path: _run(tmp_path, "--state", f"etcd://127.0.0.1:{free_port()}"),
         "failed: cannot connect (is etcd running there",
     ),
+    "metrics-port-range": (
+        lambda tmp_path: _run(tmp_path, "--metrics-port", "70000"),
+        "--metrics-port must be in 1..65535",
+    ),
+    "metrics-port-negative": (
+        lambda tmp_path: _run(tmp_path, "--metrics-port", "-1"),
+        "--metrics-port must be in 1..65535",
+    ),
     "nproc-not-a-number": (
         lambda tmp_path: _run(tmp_path, "--nproc-per-node", "four"),
         "invalid int value",
@@ -200,6 +209,16 @@ SIMULATE_CASES = {
 def test_simulate_refuses_what_it_cannot_compute(case):
     flags, expected = case
     assert_one_line_error(torchrelay("simulate", *flags), "torchrelay simulate", expected)
+
+
+def test_run_refuses_a_metrics_port_in_use_before_starting_anything(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        done = torchrelay(*_run(tmp_path, "--metrics-port", port))
+    assert_one_line_error(done, "torchrelay run", f"--metrics-port {port}", "the port is in use")
+    assert not (tmp_path / "run" / "ledger.jsonl").exists()
 
 
 def test_report_into_a_closed_pipe_exits_quietly(tmp_path):

@@ -11,13 +11,6 @@ import sys
 
 import pytest
 
-from torchrelay.config import JobConfig
-from torchrelay.control.client import ControlClient
-from torchrelay.control.controller import Controller
-from torchrelay.control.service import ControlServer
-from torchrelay.control.wire import new_token
-from torchrelay.ledger import Ledger
-
 # Runs the real entry point in a fresh interpreter, then says whether torch got loaded.
 PROBE = """
 import json, sys
@@ -38,39 +31,6 @@ def probe(*argv: str) -> dict:
     return json.loads(done.stdout.splitlines()[-1])
 
 
-class RecordingAgent:
-    """Stands in for the node agent: records the signals the controller asks it to send."""
-
-    def __init__(self) -> None:
-        self.signals: list[tuple[str, int]] = []
-
-    def start_spare(self) -> None:
-        pass
-
-    def kill(self, process: str, signum: int = 9) -> None:
-        self.signals.append((process, signum))
-
-
-@pytest.fixture
-def live_job(tmp_path):
-    """A real controller behind the real control RPC, with worker0 joined, and the run
-    directory files (`endpoint`, `token`) an operator's command finds it by."""
-    config = JobConfig(script="train.py", script_args=[], nproc_per_node=1, run_dir=tmp_path)
-    ledger = Ledger(tmp_path / "ledger.jsonl")
-    agent = RecordingAgent()
-    token = new_token()
-    server = ControlServer(Controller(config, ledger, agent), token)
-    server.start()
-    (tmp_path / "token").write_text(token)
-    (tmp_path / "endpoint").write_text(server.address)
-    worker = ControlClient(server.address, token, "worker0")
-    worker.join("worker", 12345, "node0", 0)
-    yield tmp_path, agent
-    worker.close()
-    server.stop()
-    ledger.close()
-
-
 @pytest.mark.parametrize(
     "argv",
     [
@@ -87,7 +47,7 @@ def test_commands_that_do_not_train_do_not_import_torch(argv):
 
 
 def test_report_status_and_chaos_do_not_import_torch(live_job):
-    run_dir, agent = live_job
+    run_dir, agent = live_job.run_dir, live_job.agent
     assert probe("report", str(run_dir)) == {"code": 0, "torch": False}
     page = run_dir / "report.html"
     assert probe("report", str(run_dir), "--html", str(page)) == {"code": 0, "torch": False}

@@ -36,7 +36,7 @@ def _build_replica(seed: int, steps: int):
     return tracked, model, opt, sched
 
 
-def _transfer(ranks, chunk_bytes=256, corrupt=False):
+def _transfer(ranks, chunk_bytes=256, corrupt=False, progress=None):
     store, token = dist.HashStore(), new_token()
     sources, receivers = [0, 1], [2]
 
@@ -48,7 +48,8 @@ def _transfer(ranks, chunk_bytes=256, corrupt=False):
         tracked, model, opt, sched = _replica(seed=99, steps=0)
         own = tracked.state()
         weight = model[0].weight
-        result = receive_state(pg, store, token, 1, {"step": -1, "objects": own}, sources)
+        own_state = {"step": -1, "objects": own}
+        result = receive_state(pg, store, token, 1, own_state, sources, progress=progress)
         tracked.load(result.state["objects"], own)
         return result, tracked, model, opt, sched, weight
 
@@ -69,6 +70,19 @@ def test_fresh_receiver_gets_the_exact_state_in_place(ranks):
     assert opt.param_groups[0]["lr"] == ref_opt.param_groups[0]["lr"]
     both = [s.bytes for s in sent]
     assert all(b > 0 for b in both) and sum(both) == result.bytes  # striped over both sources
+
+
+def test_the_receiver_reports_progress_chunk_by_chunk(ranks):
+    totals: list[int] = []
+    landed: list[int] = []
+
+    def progress(total: int):
+        totals.append(total)
+        return landed.append
+
+    *_, (result, *_rest) = _transfer(ranks, chunk_bytes=256, progress=progress)
+    assert totals == [result.bytes]  # made once, with the size to come
+    assert sum(landed) == result.bytes and len(landed) > 2 and max(landed) <= 256
 
 
 def test_corrupted_chunk_is_detected(ranks, monkeypatch):

@@ -46,6 +46,7 @@ class JobConfig:
     master_port: int = 0
     stream_output: bool = True
     state: StoreSpec = field(default_factory=StoreSpec)
+    metrics_port: int = 0  # Prometheus metrics on master_addr:metrics_port; 0: none
 
     @property
     def world_size(self) -> int:

@@ -21,6 +21,8 @@ from torchrelay.agent.signals import ALONGSIDE, STOP_SIGNALS, StopSignals
 from torchrelay.config import JobConfig
 from torchrelay.control.controller import Controller
 from torchrelay.control.endpoint import Endpoint
+from torchrelay.control.metrics import MetricsError
+from torchrelay.control.observer import Observation
 from torchrelay.control.persistence import take_lead
 from torchrelay.control.service import ControlServer
 from torchrelay.control.state import Role
@@ -37,6 +39,7 @@ class Launch:
         self.config = config
         # Endpoint and token first: a refused one leaves the run directory untouched.
         listener = bind_rendezvous(config.master_addr, config.master_port)
+        self.observation = Observation(config.master_addr, config.metrics_port)
         self.token = job_token(config)
         # With an external state store, lead the job there before anything is decided.
         self.persister = take_lead(
@@ -45,6 +48,7 @@ class Launch:
         try:
             ledger = claim_run_dir(config.run_dir)
         except BaseException:
+            self.observation.stop()
             self._give_up_lead()
             raise
         self.ledger = Ledger(ledger)
@@ -57,7 +61,13 @@ class Launch:
             self.agent = NodeAgent(
                 config, node=f"node{config.node_rank}", on_exit=self._on_exit, label=self._label
             )
-            self.controller = Controller(config, self.ledger, self.agent, persister=self.persister)
+            self.controller = Controller(
+                config,
+                self.ledger,
+                self.agent,
+                persister=self.persister,
+                observe=self.observation.observe,
+            )
             self.server = ControlServer(
                 self.controller, self.token, host=config.master_addr, port=control_port(config)
             )
@@ -65,6 +75,7 @@ class Launch:
             # Nothing ran: give the directory back, so that the same command can be retried.
             self.ledger.close()
             ledger.unlink()
+            self.observation.stop()
             self._give_up_lead()
             raise
         self.agent.configure(self.store.port, self.server.address, self.token)
@@ -103,6 +114,7 @@ class Launch:
         self.ledger.write(started.to_json())
         self.server.start()
         self.controller.start_monitor()
+        self.observation.start(self.controller.status)
         self._publish_endpoint()
         if self.persister is not None:
             # Where a standby looks to tell whether a newer leader took over from this one.
@@ -132,6 +144,7 @@ class Launch:
                     self.controller.wait_all_gone(timeout=30.0)
                 return outcome
         finally:
+            self.observation.stop()
             self.server.stop()
             self.ledger.close()
             self._give_up_lead()
@@ -171,7 +184,7 @@ def launch(config: JobConfig) -> dict[str, Any]:
     """
     try:
         job = Launch(config)
-    except (RendezvousError, RunDirError) as exc:
+    except (RendezvousError, RunDirError, MetricsError) as exc:
         raise SystemExit(f"torchrelay run: {exc}") from None
     except StoreError as exc:
         raise SystemExit(f"torchrelay run: --state {config.state}: {exc}") from None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +35,14 @@ def connect(run_dir: Path) -> ControlClient:
 
 def job_status(run_dir: Path) -> dict[str, Any]:
     client = connect(run_dir)
+    try:
+        return ask_status(client)
+    finally:
+        client.close()
+
+
+def ask_status(client: ControlClient) -> dict[str, Any]:
+    """The controller's status snapshot; ``SystemExit`` with one line if it does not answer."""
     from torchrelay.control.client import ControlError  # loaded by connect()
 
     try:
@@ -43,14 +52,25 @@ def job_status(run_dir: Path) -> dict[str, Any]:
             f"torchrelay: cannot reach the job's controller ({exc}); "
             "the job has probably ended: see `torchrelay report`"
         ) from None
-    finally:
-        client.close()
 
 
 def add_parsers(subparsers: argparse._SubParsersAction) -> None:
-    status = subparsers.add_parser("status", help="show a running job's slots, spares, steps")
+    status = subparsers.add_parser(
+        "status",
+        help="show a running job's slots, spares, steps, recovery and recent events",
+        description="Show a running job: its slots and the process filling each, generation, "
+        "committed steps and step rate, spares, the recovery in progress and its step, and "
+        "the ledger's recent events. --watch redraws it every --interval seconds until the "
+        "job ends (or Ctrl-C).",
+    )
     status.add_argument("run_dir", type=Path)
-    status.add_argument("--json", action="store_true")
+    how = status.add_mutually_exclusive_group()
+    how.add_argument("--json", action="store_true", help="the controller's snapshot as JSON")
+    how.add_argument("--watch", action="store_true", help="a live view until the job ends")
+    how.add_argument("--once", action="store_true", help="the view once (the default)")
+    status.add_argument(
+        "--interval", type=float, default=1.0, help="seconds between redraws of --watch"
+    )
     status.set_defaults(func=run_status)
 
     chaos = subparsers.add_parser(
@@ -92,36 +112,21 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_status(args: argparse.Namespace) -> int:
-    status = job_status(args.run_dir)
-    if args.json:
-        print(json.dumps(status, indent=2))
-        return 0
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(
-        title=f"generation {status['generation']}: {status['steps_committed']} steps "
-        f"committed, hang timeout {status['hang_timeout']:.1f} s"
-    )
-    for column in ("slot", "process", "pid", "state", "committed", "step s", "heartbeat age s"):
-        table.add_column(column)
-    for m in status["slots"] + status["spares"]:
-        table.add_row(
-            "spare" if m["slot"] is None else str(m["slot"]),
-            m["process"],
-            str(m["pid"]),
-            m["state"],
-            str(m["committed"]),
-            f"{m.get('step_seconds', float('nan')):.3f}",
-            f"{m['seconds_since_heartbeat']:.1f}",
+    if not (math.isfinite(args.interval) and 0.1 <= args.interval <= 3600):
+        raise SystemExit(
+            f"torchrelay status: --interval must be 0.1 to 3600 seconds, not {args.interval}"
         )
-    Console().print(table)
-    for name, node in status["nodes"].items():
-        state = "alive" if node["alive"] else "LOST"
-        print(f"{name}: {state}, last heartbeat {node['seconds_since_heartbeat']:.1f} s ago")
-    for s in status["stragglers"]:
-        print(f"straggler: slot {s['slot']} computes {s['slowdown']:.1f}x slower than its peers")
-    return 0
+    client = connect(args.run_dir)
+    try:
+        status = ask_status(client)
+        if args.json:
+            print(json.dumps(status, indent=2))
+            return 0
+        from torchrelay.cli.watch import show  # rich loads only for the view
+
+        return show(client, args.run_dir, status, args.watch, args.interval)
+    finally:
+        client.close()
 
 
 def run_chaos(args: argparse.Namespace) -> int:

@@ -121,6 +121,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "memory (default), or an etcd v3 cluster, checked at launch (keys under /PREFIX, "
         "default torchrelay; one prefix per job)",
     )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        metavar="PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics, HOST being the rendezvous "
+        "host (node 0 only; docs/observability.md); default 0: no metrics",
+    )
     p.add_argument("--quiet", action="store_true", help="do not stream worker output")
     p.add_argument("script", help="the training script")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
@@ -198,11 +206,13 @@ def config_from_args(
         master_port=int(port),
         stream_output=not args.quiet,
         state=state,
+        metrics_port=args.metrics_port,
     )
 
 
 def _check_durations(args: argparse.Namespace) -> None:
-    """Timeouts are finite and positive, ``--max-restarts`` not negative; else one line."""
+    """Timeouts are finite and positive, ``--max-restarts`` not negative, ``--metrics-port`` a
+    port or 0; else one line."""
     for flag in ("spare_timeout", "halt_timeout", "hang_floor", "node_timeout"):
         value = getattr(args, flag)
         if not (math.isfinite(value) and value > 0):
@@ -210,6 +220,11 @@ def _check_durations(args: argparse.Namespace) -> None:
             raise SystemExit(
                 f"torchrelay run: {option} must be a number of seconds > 0, not {value}"
             )
+    if not 0 <= args.metrics_port <= 65535:
+        raise SystemExit(
+            f"torchrelay run: --metrics-port must be in 1..65535 (0: no metrics), not "
+            f"{args.metrics_port}"
+        )
     if args.max_restarts < 0:
         raise SystemExit(f"torchrelay run: --max-restarts must be >= 0, not {args.max_restarts}")
 

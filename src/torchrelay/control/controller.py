@@ -30,6 +30,7 @@ from torchrelay.control import (
 from torchrelay.control.actions import Action, Refused
 from torchrelay.control.errors import FencedError, ProtocolError
 from torchrelay.control.executor import AgentHandle, Executor
+from torchrelay.control.job_view import describe_job
 from torchrelay.control.outbox import Outbox
 from torchrelay.control.persistence import StatePersister
 from torchrelay.control.protocol import (
@@ -43,9 +44,10 @@ from torchrelay.control.protocol import (
 )
 from torchrelay.control.recovery_steps import advance
 from torchrelay.control.rejections import Rejections
-from torchrelay.control.state import GONE, JobState, Member, MemberState, NodeEntry, Role
+from torchrelay.control.state import GONE, JobState, Member, NodeEntry
 from torchrelay.control.store import StoreError
 from torchrelay.control.verdicts import describe_exit, last_traceback
+from torchrelay.events import Event
 from torchrelay.ledger import Ledger
 
 __all__ = ["AgentHandle", "Controller", "FencedError", "ProtocolError"]
@@ -62,6 +64,7 @@ class Controller:
         local_node: str = "node0",
         persister: StatePersister | None = None,
         job: JobState | None = None,
+        observe: Callable[[Event], None] | None = None,
     ) -> None:
         """A new job's controller on ``local_node``, or -- given the restored ``job`` -- a
         standby's that takes it over (then call :meth:`take_over` before serving)."""
@@ -77,7 +80,7 @@ class Controller:
         )
         # Control requests refused before they reached the controller (counted by the server).
         self.rejections = Rejections(ledger)
-        self._executor = Executor(ledger, agent, self.rejections, self._kick_recovery)
+        self._executor = Executor(ledger, agent, self.rejections, self._kick_recovery, observe)
         self._cond = threading.Condition()
         self._recovery_thread: threading.Thread | None = None
         # Set once the durable state could not be written: from then on nothing is acted on
@@ -153,42 +156,7 @@ class Controller:
     def status(self) -> dict[str, Any]:
         """A snapshot of the job for operators (``torchrelay status``, ``torchrelay chaos``)."""
         with self._cond:
-            job, now = self.job, time.time()
-
-            def describe(m: Member) -> dict[str, Any]:
-                return {
-                    "process": m.process,
-                    "pid": m.pid,
-                    "node": m.node,
-                    "role": m.role.value,
-                    "slot": m.slot,
-                    "state": m.state.value,
-                    "committed": m.committed,
-                    "seconds_since_heartbeat": now - m.last_seen,
-                    **m.timings,
-                }
-
-            waiting = (MemberState.STARTING, MemberState.READY)
-            return {
-                "generation": job.generation,
-                "world_size": self.config.world_size,
-                "slots": [describe(job.members[p]) for _, p in sorted(job.assignments.items())],
-                "spares": [
-                    describe(m)
-                    for m in job.members.values()
-                    if m.role is Role.SPARE and m.slot is None and m.state in waiting
-                ],
-                "steps_committed": job.highest_committed + 1,
-                "recovering": job.recovery.current is not None,
-                "hang_timeout": job.hang_timeout,
-                "nodes": {
-                    n.name: {"alive": n.alive, "seconds_since_heartbeat": now - n.last_seen}
-                    for n in job.nodes.values()
-                },
-                "stragglers": list(job.stragglers.values()),
-                "rejected_requests": self.rejections.counts(),
-                "outcome": job.outcome,
-            }
+            return describe_job(self.job, self.config, self.rejections.counts(), time.time())
 
     # ---------------------------------------------------------------- transitions
     @contextmanager

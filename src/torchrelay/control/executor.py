@@ -24,7 +24,7 @@ from torchrelay.control.actions import (
 )
 from torchrelay.control.outbox import Outbox
 from torchrelay.control.rejections import Rejections
-from torchrelay.events import JobEnd
+from torchrelay.events import Event, JobEnd
 from torchrelay.ledger import Ledger
 
 
@@ -37,7 +37,9 @@ class AgentHandle(Protocol):
 
 
 class Executor:
-    """Applies actions; ``start_recovery`` is called for :class:`StartRecovery`."""
+    """Applies actions; ``start_recovery`` is called for :class:`StartRecovery`, ``observe``
+    (the metrics, see :mod:`torchrelay.control.metrics`) with every event it writes to the
+    ledger, after it is written."""
 
     def __init__(
         self,
@@ -45,11 +47,13 @@ class Executor:
         agent: AgentHandle,
         rejections: Rejections,
         start_recovery: Callable[[], None],
+        observe: Callable[[Event], None] | None = None,
     ) -> None:
         self.ledger = ledger
         self.agent = agent
         self.rejections = rejections
         self._start_recovery = start_recovery
+        self._observe = observe
         self.process_outboxes: dict[str, Outbox] = {}
         self.node_outboxes: dict[str, Outbox] = {}
 
@@ -76,11 +80,16 @@ class Executor:
             elif isinstance(action, StartLocalSpare):
                 self.agent.start_spare()
             elif isinstance(action, Record):
-                self.ledger.write(action.event.to_json())
+                self._record(action.event)
             elif isinstance(action, EndJob):
                 counts = self.rejections.counts()
-                self.ledger.write(JobEnd(**action.outcome, rejected_requests=counts).to_json())
+                self._record(JobEnd(**action.outcome, rejected_requests=counts))
             elif isinstance(action, StartRecovery):
                 self._start_recovery()
             else:
                 raise TypeError(f"unknown action {action!r}")
+
+    def _record(self, event: Event) -> None:
+        self.ledger.write(event.to_json())
+        if self._observe is not None:
+            self._observe(event)

@@ -29,6 +29,7 @@ from torchrelay.control.protocol import (
     Ready,
     Report,
 )
+from torchrelay.progress import ByteProgress
 from torchrelay.runtime.devices import new_group
 from torchrelay.runtime.env import RelayEnv
 from torchrelay.runtime.guard import GenerationAborted
@@ -212,6 +213,9 @@ class Recovery:
                 {"step": self.committed, "objects": own},
                 sources,
                 wait=self.guard.wait_works,
+                progress=lambda total: (
+                    ByteProgress(f"torchrelay: rank {slot} receiving state", total).add
+                ),
             )
             self.tracked.load(result.state["objects"], own)
             self.committed = int(result.state["step"])

@@ -37,6 +37,8 @@ from torchrelay.transfer.stripes import Chunk, assign_stripes, chunk_size, split
 
 AfterEach = Callable[[int], None]
 WaitAll = Callable[[list[dist.Work], AfterEach], None]
+# Made with the bytes to receive; called with the bytes of each chunk as it lands.
+Progress = Callable[[int], Callable[[int], None]]
 
 
 def wait_plain(works: list[dist.Work], after_each: AfterEach) -> None:
@@ -200,8 +202,12 @@ def receive_state(
     own_state: Any,
     sources: list[int],
     wait: WaitAll = wait_plain,
+    progress: Progress | None = None,
 ) -> TransferResult:
     """Receive the full state from the sources; tensors land in ``own_state``'s where they fit.
+
+    ``progress(total)``, if given, is made once the size is known and its result is called with
+    each chunk's bytes as the chunk lands (see :class:`torchrelay.progress.ByteProgress`).
 
     Returns the rebuilt state (``own_state``'s structure replaced by the sources') and the
     lowest source's sidecar. Raises
@@ -235,6 +241,7 @@ def receive_state(
         works.append(pg.recv([sums[source]], source, len(chunks) + source))
         landed.append(None)
     actual: dict[int, int] = {}
+    landed_bytes = progress(sum(c.nbytes for c in chunks)) if progress else _nothing
 
     def checksum_landed(index: int) -> None:
         # Runs as each chunk lands, overlapping the checksum with the rest of the transfer.
@@ -246,6 +253,7 @@ def receive_state(
                 for part in parts:
                     part.copy_(wire[offset : offset + part.numel()])
                     offset += part.numel()
+            landed_bytes(chunk.nbytes)
 
     wait(works, checksum_landed)
     for source, stripe in stripes.items():
