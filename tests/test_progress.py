@@ -4,7 +4,6 @@ transfer's bytes and a recovery's wait for a spare; and the recovery view they r
 from __future__ import annotations
 
 from torchrelay.control.job_view import describe_recovery
-
 from torchrelay.control.observer import JobObserver, SpareWait
 from torchrelay.control.planner import RecoveryPlan
 from torchrelay.control.state import RecoveryState, RecoveryStep, Round
