@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from tests.jobs import cli
-from tests.test_cli_imports import live_job, probe  # noqa: F401 (live_job: a fixture)
+from tests.test_cli_imports import probe
 from torchrelay.health.inject import injection_path
 from torchrelay.health.quarantine import (
     Quarantine,
@@ -148,8 +148,8 @@ def test_chaos_overheat_a_device_with_no_job(tmp_path):
     assert json.loads(path.read_text()) == [{"device": 1, "temperature_c": 101.0}]
 
 
-def test_chaos_overheat_a_rank_of_a_running_job(live_job):  # noqa: F811 (the fixture)
-    run_dir, _ = live_job
+def test_chaos_overheat_a_rank_of_a_running_job(live_job):
+    run_dir = live_job.run_dir
     drill = ("chaos", "--run-dir", str(run_dir), "overheat", "--rank", "0", "--celsius", "97")
     assert probe(*drill) == {"code": 0, "torch": False}
     entries = json.loads(injection_path(run_dir, "node0").read_text())
