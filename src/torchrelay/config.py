@@ -7,6 +7,7 @@ from pathlib import Path
 
 from torchrelay.chaos import ChaosEvent
 from torchrelay.control.store.url import StoreSpec
+from torchrelay.health.policy import HealthPolicy
 
 
 @dataclass
@@ -47,6 +48,10 @@ class JobConfig:
     stream_output: bool = True
     state: StoreSpec = field(default_factory=StoreSpec)
     metrics_port: int = 0  # Prometheus metrics on master_addr:metrics_port; 0: none
+    # Seconds between two polls of each node's device health (NVML, injected readings);
+    # 0: not polled. The policy judges the readings (docs/health.md).
+    health_poll: float = 0.0
+    health_policy: HealthPolicy = field(default_factory=HealthPolicy)
 
     @property
     def world_size(self) -> int:

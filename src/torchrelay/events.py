@@ -12,36 +12,21 @@ Imports neither torch nor the controller.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 from torchrelay.chaos import ChaosEvent
+from torchrelay.event_base import Event
+from torchrelay.events_moves import (
+    ControllerTakeover,
+    HandoverAbandoned,
+    HandoverDone,
+    HandoverRequested,
+    HandoverStart,
+)
 from torchrelay.ledger import LedgerError, read_ledger
-from torchrelay.typed import OMIT, Plain, optional, registry
-
-
-@dataclass(frozen=True, kw_only=True)
-class Event(Plain):
-    """A ledger event; ``t`` None: stamped with the time it is written (every line has one)."""
-
-    ERROR: ClassVar[type[Exception]] = LedgerError
-    KEY: ClassVar[str] = "event"
-    t: float | None = None
-
-    @classmethod
-    def from_json(cls, entry: Any) -> Any:
-        if isinstance(entry, dict) and not isinstance(entry.get("t"), (int, float)):
-            cls._refuse(f"t {entry.get('t')!r} is not a time (the seconds of the epoch)")
-        return cls.from_plain(entry)
-
-    def to_json(self) -> dict[str, Any]:
-        """The ledger line's object: ``t`` first (now, unless the event has its own), then
-        ``event`` and the fields."""
-        plain = self.to_plain()
-        del plain["t"]
-        return {"t": time.time() if self.t is None else self.t, **plain}
+from torchrelay.typed import OMIT, optional, registry
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -229,21 +214,6 @@ class NodeLost(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
-class ControllerTakeover(Event):
-    """A standby took the lead of the running job from its durable state (``term``: its
-    leader term), after the controller on ``previous`` was lost."""
-
-    TAG: ClassVar[str] = "controller_takeover"
-    leader: str
-    previous: str
-    term: int
-    generation: int
-    committed: int
-    control: str
-    store: str
-
-
-@dataclass(frozen=True, kw_only=True)
 class FencedRefused(Event):
     """A report of a fenced process (``process``...) or of a lost node (``node``, ``kind``)."""
 
@@ -370,6 +340,10 @@ EVENTS = registry(
     SpareLost,
     NodeJoined,
     NodeLost,
+    HandoverRequested,
+    HandoverStart,
+    HandoverDone,
+    HandoverAbandoned,
     ControllerTakeover,
     FencedRefused,
     ClaimRefused,

@@ -12,6 +12,7 @@ worker started itself goes with it.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import signal
@@ -19,11 +20,14 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
-from typing import IO
+from collections.abc import Callable, Iterable
+from typing import IO, Any
 
 from torchrelay.agent.spawn import signal_group, spawn
 from torchrelay.config import JobConfig
+from torchrelay.health import quarantine
+from torchrelay.health.poller import HealthPoller, node_sources
+from torchrelay.health.readings import Reading
 
 ExitCallback = Callable[[str, int], None]
 
@@ -51,6 +55,7 @@ class NodeAgent:
         self._spare_count = 0
         self._local_index: dict[str, int] = {}  # LOCAL_RANK (the GPU, on GPU nodes) by process
         self._stopping = False
+        self._health: HealthPoller | None = None
         self.log_dir = config.run_dir / "logs"
         self.log_dir.mkdir(parents=True, exist_ok=True)
 
@@ -91,9 +96,11 @@ class NodeAgent:
                 f"worker{rank}", "worker", {"RANK": str(rank), "LOCAL_RANK": str(local_rank)}
             )
 
-    def start_spare(self) -> None:
+    def start_spare(self, avoid: Iterable[int] = ()) -> None:
         """Start a spare on the lowest device index that no live process of this node holds
-        (a spare that takes a slot keeps its own GPU; the dead worker's is freed)."""
+        (a spare that takes a slot keeps its own GPU; the dead worker's is freed) and that is
+        neither in ``avoid`` nor quarantined in this node's run directory."""
+        avoid = set(avoid) | quarantine.devices_of(self.config.run_dir, self.node)
         with self._lock:
             if self._stopping:
                 return
@@ -105,7 +112,8 @@ class NodeAgent:
                 for process, index in self._local_index.items()
                 if process not in self._procs or self._procs[process].poll() is None
             }
-            self._local_index[name] = next(i for i in itertools.count() if i not in held)
+            taken = held | avoid
+            self._local_index[name] = next(i for i in itertools.count() if i not in taken)
         self._start(name, "spare", {"LOCAL_RANK": str(self._local_index[name])})
 
     def _start(self, process: str, role: str, extra: dict[str, str]) -> None:
@@ -172,6 +180,30 @@ class NodeAgent:
         if proc is not None and proc.poll() is None:
             signal_group(proc.pid, signum)
 
+    def watch_health(self, deliver: Callable[[tuple[dict[str, Any], ...]], None]) -> None:
+        """Poll this node's health sources every ``--health-poll`` seconds (0: never) and give
+        each poll's readings, naming the process on each device, to ``deliver``."""
+        if self.config.health_poll <= 0:
+            return
+
+        def named(readings: list[Reading]) -> None:
+            deliver(tuple(self._with_process(r).to_wire() for r in readings))
+
+        sources = node_sources(self.config.run_dir, self.node, self._local_index.get)
+        self._health = HealthPoller(sources, named, self.config.health_poll)
+        self._health.start()
+
+    def _with_process(self, reading: Reading) -> Reading:
+        if reading.process is not None:
+            return reading
+        with self._lock:
+            live = [
+                p
+                for p, index in self._local_index.items()
+                if index == reading.device and p in self._procs and self._procs[p].poll() is None
+            ]
+        return dataclasses.replace(reading, process=live[0]) if live else reading
+
     def kill_all(self) -> None:
         """SIGKILL every process of this node at once (a lost node, or an isolated one)."""
         with self._lock:
@@ -183,6 +215,10 @@ class NodeAgent:
     def alive(self) -> list[str]:
         with self._lock:
             return [name for name, proc in self._procs.items() if proc.poll() is None]
+
+    def stop_health(self) -> None:
+        if self._health is not None:
+            self._health.stop()
 
     def stop_all(self, grace: float = 5.0) -> None:
         """SIGTERM every process group, SIGKILL what is left after ``grace`` seconds, and

@@ -126,6 +126,8 @@ class Launch:
                 self.controller.stop(f"the job state could not be recorded ({exc})")
         try:
             with self._stop as stop:
+                node = self.agent.node
+                self.agent.watch_health(lambda readings: self.controller.health(node, readings))
                 self.agent.start_workers()
                 for _ in range(self.config.spares):
                     self.agent.start_spare()
@@ -144,6 +146,7 @@ class Launch:
                     self.controller.wait_all_gone(timeout=30.0)
                 return outcome
         finally:
+            self.agent.stop_health()
             self.observation.stop()
             self.server.stop()
             self.ledger.close()

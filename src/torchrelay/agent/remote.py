@@ -18,6 +18,7 @@ import contextlib
 import os
 import signal
 import threading
+from typing import Any
 
 from torchrelay.agent import partition
 from torchrelay.agent.agent import NodeAgent
@@ -31,6 +32,7 @@ from torchrelay.control.protocol import (
     Chaos,
     ChaosNotice,
     FinishNode,
+    HealthReport,
     NodeExit,
     NodeHeartbeat,
     ProtocolError,
@@ -74,6 +76,15 @@ class RemoteNode:
         self.agent.configure(int(port), endpoint.control, self.token, store_host=host)
         self._say(f"following the new leader at {endpoint.control} (term {endpoint.term})")
 
+    def _report_health(self, readings: tuple[dict[str, Any], ...]) -> None:
+        if self._isolated is not None or self._stopped.is_set():
+            return
+        try:
+            report = HealthReport(readings=readings)
+            self.client.node_report(self.node, report, timeout=HEARTBEAT_RPC_TIMEOUT)
+        except ControlError as exc:
+            self._say(f"could not report this node's health readings: {exc}")
+
     def _on_exit(self, process: str, returncode: int) -> None:
         if -returncode in STOP_SIGNALS and not self._stopped.is_set():
             self._stop.follows(ALONGSIDE)  # is it this node's stop? (see signals.ALONGSIDE)
@@ -97,6 +108,7 @@ class RemoteNode:
         try:
             status = self._run(joined.node_timeout)
         finally:
+            self.agent.stop_health()
             led = self._stand_down()
         return status if led in (None, "succeeded") else max(status, 1)
 
@@ -110,6 +122,7 @@ class RemoteNode:
 
     def _run(self, node_timeout: float) -> int:
         with self._stop as stop:
+            self.agent.watch_health(self._report_health)
             self.agent.start_workers()
             for _ in range(self.config.spares):
                 self.agent.start_spare()
@@ -145,7 +158,7 @@ class RemoteNode:
         try:
             for command in self.client.node_watch(self.node):
                 if isinstance(command, StartSpare):
-                    self.agent.start_spare()
+                    self.agent.start_spare(command.avoid)
                 elif isinstance(command, Signal):
                     self.agent.kill(command.process, command.signal)
                 elif isinstance(command, Chaos):

@@ -1,4 +1,9 @@
-"""``torchrelay chaos overheat`` and ``torchrelay uncordon``: the operator's side of health.
+"""``torchrelay chaos overheat``, ``torchrelay drain`` and ``torchrelay uncordon``: the operator's
+side of health.
+
+``drain`` moves a rank (or every rank of a node) to spares at a step boundary, with no step
+redone (see :mod:`torchrelay.control.handover`), and quarantines nothing: after maintenance the
+node simply serves spares again.
 
 ``chaos overheat`` writes a health injection (:mod:`torchrelay.health.inject`) into the run
 directory: with ``--rank`` for the process that serves that slot now (the job must be running,
@@ -31,6 +36,16 @@ def add_overheat(faults: argparse._SubParsersAction) -> None:
 
 
 def add_parsers(subparsers: argparse._SubParsersAction) -> None:
+    drain = subparsers.add_parser(
+        "drain",
+        help="move a rank, or every rank of a node, to spares at a step boundary (maintenance, "
+        "a straggler): nothing is redone",
+    )
+    drain.add_argument("--run-dir", type=Path, required=True, help="the job's --run-dir")
+    what = drain.add_mutually_exclusive_group(required=True)
+    what.add_argument("--rank", type=int)
+    what.add_argument("--node", type=int)
+    drain.set_defaults(func=run_drain)
     uncordon = subparsers.add_parser(
         "uncordon",
         help="clear a quarantined device (or node) so that spares may use it again",
@@ -74,6 +89,36 @@ def run_overheat(args: argparse.Namespace) -> int:
     print(
         f"overheat: {what} on {node} reads {args.celsius:.0f} C from now on "
         f"(health injection {path}; delete it to end the drill)"
+    )
+    return 0
+
+
+def run_drain(args: argparse.Namespace) -> int:
+    from torchrelay.cli.operator import ask_status, connect
+
+    client = connect(args.run_dir)
+    from torchrelay.control.client import ControlError  # loaded by connect()
+
+    try:
+        status = ask_status(client)
+        if args.rank is not None:
+            slots = {m["slot"]: m for m in status["slots"]}
+            if args.rank not in slots:
+                raise SystemExit(
+                    f"torchrelay drain: no rank {args.rank} (world size {status['world_size']})"
+                )
+            target = slots[args.rank]["process"]
+        else:
+            target = f"node{args.node}"
+        done = client.chaos("drain", target)
+    except ControlError as exc:
+        raise SystemExit(f"torchrelay drain: refused: {exc.message}") from None
+    finally:
+        client.close()
+    ranks = ", ".join(map(str, done["slots"]))
+    print(
+        f"draining {target}: rank(s) {ranks} move to spares at the next step boundary "
+        "(`torchrelay status` shows it; the ledger records handover_done)"
     )
     return 0
 

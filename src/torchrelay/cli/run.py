@@ -13,6 +13,8 @@ from torchrelay.agent.slurm import Placement, SlurmError, place, slurm_step
 from torchrelay.chaos import ChaosSpecError, parse_schedule
 from torchrelay.config import JobConfig
 from torchrelay.control.store import StoreError, StoreSpec, open_backend, parse_store_url
+from torchrelay.health.policy import HealthPolicy, PolicyError, load_policy
+from torchrelay.health.poller import DEFAULT_INTERVAL as DEFAULT_HEALTH_POLL
 from torchrelay.report.summary import render_text, summarize
 
 MAX_PROCESSES = 256
@@ -129,6 +131,21 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="serve Prometheus metrics at http://HOST:PORT/metrics, HOST being the rendezvous "
         "host (node 0 only; docs/observability.md); default 0: no metrics",
     )
+    p.add_argument(
+        "--health-poll",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="poll each node's GPU health (NVML, injected readings) this often; 0: never; "
+        f"default {DEFAULT_HEALTH_POLL:g} s on a machine with NVIDIA GPUs, else 0",
+    )
+    p.add_argument(
+        "--health-policy",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="thresholds for moving a worker off a failing GPU (.toml/.json; docs/health.md)",
+    )
     p.add_argument("--quiet", action="store_true", help="do not stream worker output")
     p.add_argument("script", help="the training script")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
@@ -188,6 +205,10 @@ def config_from_args(
     except StoreError as exc:
         raise SystemExit(f"torchrelay run: {exc}") from None
     run_dir = placement.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+    try:
+        policy = HealthPolicy() if args.health_policy is None else load_policy(args.health_policy)
+    except PolicyError as exc:
+        raise SystemExit(f"torchrelay run: {exc}") from None
     return JobConfig(
         script=args.script,
         script_args=script_args,
@@ -207,7 +228,18 @@ def config_from_args(
         stream_output=not args.quiet,
         state=state,
         metrics_port=args.metrics_port,
+        health_poll=_health_poll(args.health_poll),
+        health_policy=policy,
     )
+
+
+def _health_poll(seconds: float | None) -> float:
+    """``--health-poll``: on by default where NVIDIA's driver is (its device node exists)."""
+    if seconds is None:
+        return DEFAULT_HEALTH_POLL if Path("/dev/nvidiactl").exists() else 0.0
+    if not (math.isfinite(seconds) and seconds >= 0):
+        raise SystemExit(f"torchrelay run: --health-poll must be seconds >= 0, not {seconds}")
+    return seconds
 
 
 def _check_durations(args: argparse.Namespace) -> None:

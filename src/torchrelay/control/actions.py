@@ -63,7 +63,26 @@ class StartRecovery:
     """Make sure the recovery coordinator runs (it decides from the state what to do)."""
 
 
-Action = Send | SendToNode | SignalLocal | StartLocalSpare | Record | EndJob | StartRecovery
+@dataclass(frozen=True)
+class QuarantineDevice:
+    """Record ``node``'s ``device`` as unhealthy (``RUN_DIR/quarantine.json``): no spare is
+    started on it until an operator clears it (``torchrelay uncordon``)."""
+
+    node: str
+    device: int
+    reason: str
+
+
+Action = (
+    Send
+    | SendToNode
+    | SignalLocal
+    | StartLocalSpare
+    | Record
+    | EndJob
+    | StartRecovery
+    | QuarantineDevice
+)
 
 
 class Refused(Exception):

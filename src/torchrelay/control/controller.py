@@ -22,18 +22,22 @@ from torchrelay.control import (
     departures,
     drills,
     endings,
+    handover,
     liveness,
     membership,
     nodes,
     takeover,
 )
 from torchrelay.control.actions import Action, Refused
+from torchrelay.control.coordinator import Coordinator
 from torchrelay.control.errors import FencedError, ProtocolError
 from torchrelay.control.executor import AgentHandle, Executor
+from torchrelay.control.health_intake import HealthIntake
 from torchrelay.control.job_view import describe_job
 from torchrelay.control.outbox import Outbox
 from torchrelay.control.persistence import StatePersister
 from torchrelay.control.protocol import (
+    HealthReport,
     JoinAnswer,
     JoinRequest,
     Lease,
@@ -42,9 +46,8 @@ from torchrelay.control.protocol import (
     Progress,
     Report,
 )
-from torchrelay.control.recovery_steps import advance
 from torchrelay.control.rejections import Rejections
-from torchrelay.control.state import GONE, JobState, Member, NodeEntry
+from torchrelay.control.state import GONE, JobState, Member, MemberState, NodeEntry
 from torchrelay.control.store import StoreError
 from torchrelay.control.verdicts import describe_exit, last_traceback
 from torchrelay.events import Event
@@ -53,7 +56,7 @@ from torchrelay.ledger import Ledger
 __all__ = ["AgentHandle", "Controller", "FencedError", "ProtocolError"]
 
 
-class Controller:
+class Controller(Coordinator):
     """Membership, generations and recovery for one job (see DESIGN.md, invariants 1-6)."""
 
     def __init__(
@@ -87,6 +90,7 @@ class Controller:
         # but the end of the job (see control.persistence).
         self._persister = persister
         self._store_lost: str | None = None
+        self._health = HealthIntake(config.health_policy, config.world_size)
 
     # ---------------------------------------------------------------- state, read-only views
     @property
@@ -242,7 +246,7 @@ class Controller:
         with self._cond:
             member = self.job.member(process)
             outbox = self._executor.outbox(process)
-        return outbox, lambda: member.state in GONE
+        return outbox, lambda: member.state in GONE or member.state is MemberState.RETIRED
 
     def report(self, process: str, message: Report) -> Lease | None:
         """Handle one report from a process (see :func:`membership.report`); a ``progress``
@@ -309,11 +313,19 @@ class Controller:
         """A remote agent's heartbeat, a process exit it saw, or the start of a chaos drill
         (see :func:`departures.node_report`)."""
         with self._transition():
-            self._apply(
-                departures.node_report(
-                    self.job, self.config, node, report, time.time(), self._output_tail
-                )
+            now = time.time()
+            actions = departures.node_report(
+                self.job, self.config, node, report, now, self._output_tail
             )
+            if isinstance(report, HealthReport):
+                actions += self._health.readings(self.job, node, report.readings, now)
+            self._apply(actions)
+
+    def health(self, node: str, readings: tuple[dict[str, Any], ...]) -> None:
+        """One poll of the health readings of the controller's own node (see
+        :mod:`torchrelay.control.health_intake`)."""
+        with self._transition():
+            self._apply(self._health.readings(self.job, node, readings, time.time()))
 
     def inject(self, fault: str, target: str, seconds: float = 0.0) -> dict[str, Any]:
         """An operator's drill (``torchrelay chaos``), carried out by the target's node agent.
@@ -323,6 +335,8 @@ class Controller:
         A node drill returns once the node's agent said what it does, or after 10 s.
         """
         with self._transition():
+            if fault == "drain":
+                return self._drain(target)
             if fault in drills.PROCESS_FAULTS:
                 self._apply(drills.inject_process(self.job, fault, target))
                 member = self.job.members[target]
@@ -337,56 +351,14 @@ class Controller:
                 "notice": entry.chaos_notice,
             }
 
-    # ---------------------------------------------------------------- threads
-    def start_monitor(self, interval: float = 0.25) -> None:
-        """Watch heartbeats (hangs), nodes and step timings (stragglers) in a background
-        thread, until the job ends."""
-        threading.Thread(
-            target=self._monitor, args=(interval,), name="torchrelay-monitor", daemon=True
-        ).start()
-
-    def _monitor(self, interval: float) -> None:
-        # Ticks by the clock: every transition notifies the condition, and a tick per
-        # heartbeat (a full pass over the members) would cost O(ranks) per report.
-        with self._cond:
-            due = time.monotonic() + interval
-            while not self.job.finished:
-                left = due - time.monotonic()
-                if left > 0:
-                    self._cond.wait(left)
-                    continue
-                due = time.monotonic() + interval
-                persister = self._persister
-                if persister is not None and self._store_lost is None and persister.lead_lost:
-                    # Its lease may be someone else's now: act on nothing more.
-                    self._lose_store(f"this controller's lead on {persister.where} ran out")
-                    self._cond.notify_all()
-                    continue
-                self._apply(liveness.tick(self.job, self.config, time.time(), self._output_tail))
-                self._cond.notify_all()
-
-    def _kick_recovery(self) -> None:
-        """Run the recovery coordinator unless it runs already (called with the lock held)."""
-        if self._recovery_thread is None:
-            self._recovery_thread = threading.Thread(
-                target=self._recover, name="torchrelay-recovery", daemon=True
-            )
-            self._recovery_thread.start()
-
-    def _recover(self) -> None:
-        """Take the recovery's steps as the state allows, waiting for changes in between."""
-        try:
-            with self._cond:
-                while True:
-                    actions, wake = advance(self.job, self.config, time.time())
-                    self._apply(actions)
-                    self._cond.notify_all()
-                    if wake is None:
-                        self._recovery_thread = None
-                        return
-                    self._cond.wait(max(0.0, wake - time.time()))
-        except Exception as exc:  # the controller must end the job loudly, never hang it
-            with self._cond:
-                self._apply(endings.fail(self.job, f"recovery crashed in the controller: {exc!r}"))
-                self._recovery_thread = None
-                self._cond.notify_all()
+    def _drain(self, target: str) -> dict[str, Any]:
+        """Hand the slot of process ``target``, or every slot of node ``target``, to spares
+        at a step boundary (see :mod:`torchrelay.control.handover`)."""
+        job, now = self.job, time.time()
+        member = job.members.get(target)
+        slots = [m.slot for m in job.slot_members() if target in (m.node, m.process)]
+        if not slots:
+            raise ProtocolError(f"{target} holds no slot (processes and nodes can be drained)")
+        reason = f"drain of {target} asked by an operator"
+        self._apply(handover.request(job, slots, reason, now, now))  # type: ignore[arg-type]
+        return {"drain": target, "slots": slots, "node": member.node if member else target}

@@ -77,6 +77,8 @@ def on_exit(
         return [exited]  # its node was declared lost: its slot was handled then
     move(member, MemberState.DEAD)
     member.returncode = returncode
+    if was is MemberState.RETIRED:
+        return [exited]  # it left after a handover: its slot runs elsewhere
     if job.phase is JobPhase.FINISHING:
         return [exited, *_exit_after_training(job, member, output_tail)]
     if job.finished or (was is MemberState.DONE and returncode == 0):

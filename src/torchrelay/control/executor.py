@@ -9,12 +9,14 @@ ledger append return at once, the agent only sends a signal or starts a process)
 from __future__ import annotations
 
 import signal
+import time
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from torchrelay.control.actions import (
     Action,
     EndJob,
+    QuarantineDevice,
     Record,
     Send,
     SendToNode,
@@ -23,8 +25,11 @@ from torchrelay.control.actions import (
     StartRecovery,
 )
 from torchrelay.control.outbox import Outbox
+from torchrelay.control.protocol import StartSpare
 from torchrelay.control.rejections import Rejections
 from torchrelay.events import Event, JobEnd
+from torchrelay.health import quarantine
+from torchrelay.health.log import log_stderr
 from torchrelay.ledger import Ledger
 
 
@@ -74,7 +79,11 @@ class Executor:
             if isinstance(action, Send):
                 self.outbox(action.process).put(action.message.to_wire())
             elif isinstance(action, SendToNode):
-                self.node_outbox(action.node).put(action.command.to_wire())
+                command = action.command
+                if isinstance(command, StartSpare):
+                    avoided = quarantine.devices_of(self.ledger.path.parent, action.node)
+                    command = StartSpare(avoid=tuple(sorted(avoided)))
+                self.node_outbox(action.node).put(command.to_wire())
             elif isinstance(action, SignalLocal):
                 self.agent.kill(action.process, action.signum)
             elif isinstance(action, StartLocalSpare):
@@ -86,8 +95,19 @@ class Executor:
                 self._record(JobEnd(**action.outcome, rejected_requests=counts))
             elif isinstance(action, StartRecovery):
                 self._start_recovery()
+            elif isinstance(action, QuarantineDevice):
+                self._quarantine(action)
             else:
                 raise TypeError(f"unknown action {action!r}")
+
+    def _quarantine(self, action: QuarantineDevice) -> None:
+        entry = quarantine.Quarantined(
+            node=action.node, device=action.device, reason=action.reason, t=time.time()
+        )
+        try:
+            quarantine.update(self.ledger.path.parent, lambda q: quarantine.quarantined(q, entry))
+        except (OSError, quarantine.QuarantineError) as exc:
+            log_stderr(f"could not quarantine {entry.where()}: {exc}")
 
     def _record(self, event: Event) -> None:
         self.ledger.write(event.to_json())

@@ -85,6 +85,8 @@ def report(job: JobState, process: str, message: Report, now: float) -> list[Act
     handler = HANDLERS[type(message)]
     member = job.member(process)
     _check_fence(job, member, message)
+    if member.state is MemberState.RETIRED:
+        return []  # its slot runs elsewhere now: what it still says changes nothing
     _check_claim(job, member, message)
     member.last_seen = now
     return handler(job, member, message, now)

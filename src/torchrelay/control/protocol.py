@@ -215,6 +215,23 @@ class Plan(Message):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Handover(Message):
+    """A planned handover: halt right after committing ``step`` of ``generation`` (every rank
+    at the same boundary, so no step is dropped) and wait for the plan."""
+
+    TAG: ClassVar[str] = "handover"
+    generation: int = at_least(0, GENERATION)
+    step: int = step()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Retire(Message):
+    """This process's slot was handed to another process: leave the job, exit 0."""
+
+    TAG: ClassVar[str] = "retire"
+
+
+@dataclass(frozen=True, kw_only=True)
 class Finish(Message):
     """The job is over (on a worker's stream and on a node agent's)."""
 
@@ -253,6 +270,15 @@ class NodeExit(NodeReport):
 
 
 @dataclass(frozen=True, kw_only=True)
+class HealthReport(NodeReport):
+    """One poll of the node's health readings (see :class:`torchrelay.health.Reading`; each is
+    checked by the controller when it reads them)."""
+
+    TAG: ClassVar[str] = "health"
+    readings: tuple[dict[str, Any], ...]
+
+
+@dataclass(frozen=True, kw_only=True)
 class ChaosNotice(NodeReport):
     """What the agent does about a node drill: ``ok`` (with the interfaces it cuts and for how
     long), or why it cannot (``error``)."""
@@ -277,7 +303,10 @@ class Command(Wire):
 
 @dataclass(frozen=True, kw_only=True)
 class StartSpare(Command):
+    """Start a spare, on none of the ``avoid`` devices (quarantined: judged unhealthy)."""
+
     TAG: ClassVar[str] = "start_spare"
+    avoid: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -311,8 +340,8 @@ class FinishNode(Command):
 REPORTS = registry(
     MaxSteps, Progress, Ready, Halted, PhaseDone, Done, ErrorReport, ChaosFired, WarningReport
 )
-NODE_REPORTS = registry(NodeHeartbeat, NodeExit, ChaosNotice)
-MESSAGES = registry(Abort, Plan, Finish)
+NODE_REPORTS = registry(NodeHeartbeat, NodeExit, HealthReport, ChaosNotice)
+MESSAGES = registry(Abort, Plan, Handover, Retire, Finish)
 COMMANDS = registry(StartSpare, Signal, Chaos, FinishNode)
 
 

@@ -23,18 +23,17 @@ from collections.abc import Callable
 
 from torchrelay import events
 from torchrelay.config import JobConfig
+from torchrelay.control import handover
 from torchrelay.control.actions import Action, Record, Send
-from torchrelay.control.drills import chaos_for
 from torchrelay.control.endings import fail, finish_if_all_done
 from torchrelay.control.nodes import signal as signal_process
-from torchrelay.control.planner import PlanningError, Spare, choose_replacements, plan_recovery
-from torchrelay.control.protocol import Abort, Plan
+from torchrelay.control.plan_publish import next_step, publish_plan
+from torchrelay.control.protocol import Abort
 from torchrelay.control.spares import none_will_come, ready_spares, top_up
-from torchrelay.control.state import JobState, Member, MemberState, RecoveryStep, Round, move
+from torchrelay.control.state import JobState, Member, MemberState, RecoveryStep, Round
 from torchrelay.control.verdicts import (
     no_spare_reason,
     overdue_reason,
-    recovery_deadline,
     survivor_gaps,
 )
 
@@ -49,11 +48,18 @@ def advance(job: JobState, config: JobConfig, now: float) -> tuple[list[Action],
     while not job.finished:
         current = job.recovery.current
         if current is None or current.step is RecoveryStep.SUPERSEDED:
-            if not job.recovery.pending:
+            if job.recovery.pending:
+                actions += _start(job, config, now)
+                continue
+            if not job.recovery.handovers:
                 break
-            actions += _start(job, config, now)
-            continue
-        wake = STEPS[current.step](job, config, current, now, actions)
+            more, wake = handover.begin(job, config, now)
+            actions += more
+            if job.recovery.current is not current:
+                continue  # a handover started
+            return actions, wake
+        steps = STEPS if current.handover is None else handover.STEPS
+        wake = steps[current.step](job, config, current, now, actions)
         if wake is not None:
             return actions, wake
     return actions, None
@@ -114,10 +120,6 @@ def _halted(job: JobState, current: Round) -> list[Member]:
     return [m for m in survivors if m.state is not MemberState.HALTED]
 
 
-def _next_step(current: Round, step: RecoveryStep, now: float, limit: float) -> None:
-    current.step, current.step_since, current.step_limit = step, now, limit
-
-
 Step = Callable[[JobState, JobConfig, Round, float, list[Action]], float | None]
 
 
@@ -129,9 +131,9 @@ def _await_spares(
         current.step = RecoveryStep.SUPERSEDED
     elif len(ready_spares(job)) >= needed:
         current.spare_ready = now
-        _next_step(current, RecoveryStep.HALT, now, config.halt_timeout)
+        next_step(current, RecoveryStep.HALT, now, config.halt_timeout)
     elif none_will_come(job, needed):
-        _next_step(current, RecoveryStep.ABANDON, now, config.halt_timeout)
+        next_step(current, RecoveryStep.ABANDON, now, config.halt_timeout)
     elif now >= current.deadline:
         actions += fail(
             job,
@@ -185,59 +187,8 @@ def _abandon(
 def _publish_plan(job: JobState, config: JobConfig, current: Round, now: float) -> list[Action]:
     failures = {slot: job.recovery.failed[slot] for slot in current.slots}
     survivors = [job.members[p] for p in current.survivors]
-    spares = [Spare(m.process, m.node) for m in ready_spares(job)]
-    nodes = {m.slot: m.node for m in job.slot_members() if m.slot is not None}
-    try:
-        replacements = choose_replacements(
-            {slot: job.members[f["process"]].node for slot, f in failures.items()}, spares, nodes
-        )
-        plan = plan_recovery(
-            job.generation,
-            job.assignments,
-            replacements,
-            {m.slot: m.committed for m in survivors},  # type: ignore[misc]
-            job.highest_committed,
-            frozenset(m.slot for m in survivors if not m.valid),  # type: ignore[misc]
-        )
-    except PlanningError as exc:
-        return fail(job, str(exc))
-    current.plan, current.planned = plan, now
-    # Never a silent wait: a plan not carried out in time is abandoned and re-planned.
-    limit = recovery_deadline(config.halt_timeout, job.hang_timeout)
-    _next_step(current, RecoveryStep.DONE, now, limit)
-    job.generation = plan.generation
-    job.assignments = dict(plan.assignments)
-    job.recovery.failed.clear()
-    assignments = {str(k): v for k, v in plan.assignments.items()}
-    actions: list[Action] = []
-    for slot, process in plan.assignments.items():
-        member = job.members[process]
-        move(member, MemberState.ACTIVE)
-        member.slot, member.generation = slot, plan.generation
-        if slot in plan.receivers:
-            member.claims.clear()  # its state is replaced: back to the target step
-        # A fresh start for the detector: the old step's progress means nothing now.
-        member.last_seen, member.step_age, member.waiting = now, None, None
-        message = Plan(
-            generation=plan.generation,
-            target_step=plan.target_step,
-            sources=tuple(plan.sources),
-            receivers=tuple(plan.receivers),
-            assignments=assignments,
-            slot=slot,
-            chaos=tuple(chaos_for(job, slot)),
-            store=job.store or None,
-        )
-        actions.append(Send(process, message))
-    planned = events.RecoveryPlanned(
-        generation=plan.generation,
-        target_step=plan.target_step,
-        sources=tuple(plan.sources),
-        receivers=tuple(plan.receivers),
-        replaced={str(k): v for k, v in plan.replaced.items()},
-        lost_steps=plan.lost_steps,
-    )
-    return [*actions, Record(planned), *top_up(job, config, 0)]
+    replaced = {slot: job.members[f["process"]].node for slot, f in failures.items()}
+    return publish_plan(job, config, current, now, replaced, survivors)
 
 
 def _await_done(

@@ -37,7 +37,9 @@ class MemberState(enum.Enum):
     failed member reports ``HALTED``; one past its last step ``DONE``. The monitor marks a hung
     or stalled member ``FENCING`` when it has it killed. An exit makes any member ``DEAD``;
     one whose node was declared lost is ``FENCED`` (after its loss was handled as an exit):
-    nothing it sends is accepted again.
+    nothing it sends is accepted again. A member whose slot was handed to another process at a
+    step boundary (drain, health migration) is ``RETIRED``: told to leave, its reports are
+    ignored and its exit is no failure.
     """
 
     STARTING = "starting"
@@ -47,6 +49,7 @@ class MemberState(enum.Enum):
     DONE = "done"
     FENCING = "fencing"
     FENCED = "fenced"
+    RETIRED = "retired"
     DEAD = "dead"
 
 
@@ -56,11 +59,12 @@ TRANSITIONS: dict[MemberState, frozenset[MemberState]] = {
     _S.STARTING: frozenset({_S.READY, _S.ACTIVE, _S.DEAD}),
     _S.READY: frozenset({_S.ACTIVE, _S.DEAD}),
     _S.ACTIVE: frozenset({_S.HALTED, _S.DONE, _S.FENCING, _S.DEAD}),
-    _S.HALTED: frozenset({_S.ACTIVE, _S.DONE, _S.FENCING, _S.DEAD}),
+    _S.HALTED: frozenset({_S.ACTIVE, _S.DONE, _S.FENCING, _S.RETIRED, _S.DEAD}),
     # A member past its last step is aborted (and halts) when another slot fails.
     _S.DONE: frozenset({_S.HALTED, _S.ACTIVE, _S.FENCING, _S.DEAD}),
     # Reports sent before the kill landed still arrive.
     _S.FENCING: frozenset({_S.HALTED, _S.DONE, _S.DEAD}),
+    _S.RETIRED: frozenset({_S.DEAD}),
     _S.DEAD: frozenset({_S.FENCED}),
     _S.FENCED: frozenset(),
 }
@@ -186,6 +190,9 @@ class Round:
     planned: float = 0.0
     phases: dict[str, dict[int, dict[str, Any]]] = field(default_factory=dict)
     in_flight: set[int] = field(default_factory=set)
+    # A planned handover instead of a recovery: {"boundary": step, "aborted": bool,
+    # "requests": {slot (str): request}} (see control.handover).
+    handover: dict[str, Any] | None = None
 
     @property
     def deadline(self) -> float:
@@ -226,6 +233,8 @@ class RecoveryState:
     replan: str | None = None  # why the published plan must be made again
     replans: int = 0  # plans made again in a row
     current: Round | None = None
+    # Slots to hand over at a step boundary (drain, health): slot -> its request.
+    handovers: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def pending(self) -> bool:
@@ -240,6 +249,7 @@ class RecoveryState:
             "replan": self.replan,
             "replans": self.replans,
             "current": None if self.current is None else self.current.to_dict(),
+            "handovers": _str_keys(self.handovers),
         }
 
     @classmethod
@@ -252,6 +262,7 @@ class RecoveryState:
             replan=data["replan"],
             replans=data["replans"],
             current=None if current is None else Round.from_dict(current),
+            handovers=_int_keys(data.get("handovers", {})),
         )
 
 

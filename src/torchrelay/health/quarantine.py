@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from torchrelay.health.files import UntrustedFile, read_owned, write_atomic
+from torchrelay.health.log import log_stderr
 from torchrelay.typed import Plain, at_least
 
 FILE = "quarantine.json"
@@ -82,6 +83,17 @@ def cleared(quarantine: Quarantine, node: str, device: int | None) -> Quarantine
 def usable(devices: Iterable[Device], quarantine: Quarantine) -> list[Device]:
     """The ``(node, device)`` pairs of ``devices``, in order, that are not quarantined."""
     return [(node, device) for node, device in devices if not quarantine.holds(node, device)]
+
+
+def devices_of(run_dir: Path, node: str) -> frozenset[int]:
+    """The quarantined devices of ``node`` (a whole-node entry is left to the scheduler); an
+    unreadable quarantine holds none back, and says so on stderr."""
+    try:
+        entries = load(run_dir).entries
+    except QuarantineError as exc:
+        log_stderr(f"quarantine not applied: {exc}")
+        return frozenset()
+    return frozenset(e.device for e in entries if e.node == node and e.device is not None)
 
 
 def load(run_dir: Path) -> Quarantine:

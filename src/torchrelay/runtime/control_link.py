@@ -23,6 +23,7 @@ from torchrelay.control.protocol import (
     Abort,
     ErrorReport,
     Halted,
+    Handover,
     Lease,
     Message,
     Progress,
@@ -57,6 +58,7 @@ class ControlLink:
     _last_commit_t: float | None
     _waiting: Report | None
     _waiting_lock: threading.RLock
+    _handover_at: tuple[int, int] | None
 
     def _send(self, report: Report) -> dict[str, Any]:
         """Send ``report`` from this process's generation."""
@@ -91,6 +93,9 @@ class ControlLink:
                 if isinstance(message, Abort):
                     self.guard.abort(message.generation)
                     self.process_group.abort(message.generation)
+                if isinstance(message, Handover):
+                    self._handover_at = (message.generation, message.step)
+                    continue  # read by the training thread at its next step boundary
                 self._inbox.put(message)
         except ControlError as exc:
             if not self._closing.is_set():

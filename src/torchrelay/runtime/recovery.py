@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import sys
 import threading
 import time
 from typing import Any
@@ -28,6 +29,7 @@ from torchrelay.control.protocol import (
     Progress,
     Ready,
     Report,
+    Retire,
 )
 from torchrelay.progress import ByteProgress
 from torchrelay.runtime.devices import new_group
@@ -53,6 +55,7 @@ class Recovery:
     _store_address: str
     _waiting: Report | None
     _waiting_lock: threading.RLock
+    _handover_at: tuple[int, int] | None
     _timeout: datetime.timedelta
     _chaos: list[ChaosEvent]
     _first_after_recovery: bool
@@ -113,12 +116,30 @@ class Recovery:
             raise SystemExit(0)
         self._apply_plan(message)
 
+    def _handover_due(self) -> bool:
+        """Whether this rank stops here for a planned handover: its generation's boundary
+        step is committed (or, told late, passed: the controller then aborts the step)."""
+        due = self._handover_at
+        if due is None or due[0] != self.generation or self.committed < due[1]:
+            return False
+        self._handover_at = None
+        return True
+
     def _recover(self, in_flight: int | None) -> None:
         halted = Halted(committed=self.committed, in_flight=in_flight)
-        message = self._report_and_wait(halted, Plan, Finish)
+        message = self._report_and_wait(halted, Plan, Retire, Finish)
+        if isinstance(message, Retire):
+            self._retire()
         if not isinstance(message, Plan):
             raise RuntimeError("the job ended while this worker was waiting to recover")
         self._apply_plan(message)
+
+    def _retire(self) -> None:
+        """Leave the job: this slot now runs elsewhere (a drain or a health migration). The
+        script's code after its loop does not run here; its new process runs it."""
+        self._closing.set()
+        print("torchrelay: this process's slot was handed over; leaving", file=sys.stderr)
+        raise SystemExit(0)
 
     def _report_resumed(self) -> None:
         """Once per recovery: the first committed step (or the end, if no step was left)."""
@@ -166,7 +187,9 @@ class Recovery:
                     valid=self._state_valid,
                     reason=str(exc),
                 )
-                plan = self._report_and_wait(halted, Plan)  # type: ignore[assignment]
+                plan = self._report_and_wait(halted, Plan, Retire)  # type: ignore[assignment]
+                if isinstance(plan, Retire):
+                    self._retire()
 
     def _enter(self, plan: Plan) -> None:
         generation, slot, target = plan.generation, plan.slot, plan.target_step

@@ -84,6 +84,7 @@ class Relay(ControlLink, Recovery, ChaosInjection):
         )
         self._waiting: Report | None = None  # what this process waits on a plan with
         self._waiting_lock = threading.RLock()
+        self._handover_at: tuple[int, int] | None = None  # (generation, boundary step)
         self._chaos = [ChaosEvent.from_dict(e) for e in joined.chaos]
         self._inbox: queue.Queue[Message] = queue.Queue()
         self._closing = threading.Event()
@@ -257,7 +258,7 @@ class Relay(ControlLink, Recovery, ChaosInjection):
             self._report_resumed()
             if not self.guard.poisoned and self._agreement.due(self.generation):
                 self._check_agreement(step)
-            if self.guard.poisoned:
+            if self.guard.poisoned or self._handover_due():
                 self._recover(in_flight=None)
                 batches = None
 

@@ -1,0 +1,88 @@
+"""Publishing the next generation's plan: the step a recovery and a planned handover share.
+
+Pure, like the transitions that call it: it changes the :class:`JobState` in place (the new
+generation, its assignments, every member of it ``ACTIVE``) and returns the plan messages and
+the ``recovery_planned`` event.
+"""
+
+from __future__ import annotations
+
+from torchrelay import events
+from torchrelay.config import JobConfig
+from torchrelay.control.actions import Action, Record, Send
+from torchrelay.control.drills import chaos_for
+from torchrelay.control.endings import fail
+from torchrelay.control.planner import PlanningError, Spare, choose_replacements, plan_recovery
+from torchrelay.control.protocol import Plan
+from torchrelay.control.spares import ready_spares, top_up
+from torchrelay.control.state import JobState, Member, MemberState, RecoveryStep, Round, move
+from torchrelay.control.verdicts import recovery_deadline
+
+
+def next_step(current: Round, step: RecoveryStep, now: float, limit: float) -> None:
+    """Move ``current`` to ``step``, begun at ``now`` and allowed ``limit`` seconds."""
+    current.step, current.step_since, current.step_limit = step, now, limit
+
+
+def publish_plan(
+    job: JobState,
+    config: JobConfig,
+    current: Round,
+    now: float,
+    replaced: dict[int, str],
+    survivors: list[Member],
+) -> list[Action]:
+    """Plan the next generation: ``replaced`` slots (slot -> the node they ran on) get ready
+    spares, the ``survivors`` at the highest valid committed step are the sources; send each
+    member its plan. A recovery's and a handover's plan alike."""
+    spares = [Spare(m.process, m.node) for m in ready_spares(job)]
+    nodes = {m.slot: m.node for m in job.slot_members() if m.slot is not None}
+    try:
+        replacements = choose_replacements(replaced, spares, nodes)
+        plan = plan_recovery(
+            job.generation,
+            job.assignments,
+            replacements,
+            {m.slot: m.committed for m in survivors},  # type: ignore[misc]
+            job.highest_committed,
+            frozenset(m.slot for m in survivors if not m.valid),  # type: ignore[misc]
+        )
+    except PlanningError as exc:
+        return fail(job, str(exc))
+    current.plan, current.planned = plan, now
+    # Never a silent wait: a plan not carried out in time is abandoned and re-planned.
+    limit = recovery_deadline(config.halt_timeout, job.hang_timeout)
+    next_step(current, RecoveryStep.DONE, now, limit)
+    job.generation = plan.generation
+    job.assignments = dict(plan.assignments)
+    job.recovery.failed.clear()
+    assignments = {str(k): v for k, v in plan.assignments.items()}
+    actions: list[Action] = []
+    for slot, process in plan.assignments.items():
+        member = job.members[process]
+        move(member, MemberState.ACTIVE)
+        member.slot, member.generation = slot, plan.generation
+        if slot in plan.receivers:
+            member.claims.clear()  # its state is replaced: back to the target step
+        # A fresh start for the detector: the old step's progress means nothing now.
+        member.last_seen, member.step_age, member.waiting = now, None, None
+        message = Plan(
+            generation=plan.generation,
+            target_step=plan.target_step,
+            sources=tuple(plan.sources),
+            receivers=tuple(plan.receivers),
+            assignments=assignments,
+            slot=slot,
+            chaos=tuple(chaos_for(job, slot)),
+            store=job.store or None,
+        )
+        actions.append(Send(process, message))
+    planned = events.RecoveryPlanned(
+        generation=plan.generation,
+        target_step=plan.target_step,
+        sources=tuple(plan.sources),
+        receivers=tuple(plan.receivers),
+        replaced={str(k): v for k, v in plan.replaced.items()},
+        lost_steps=plan.lost_steps,
+    )
+    return [*actions, Record(planned), *top_up(job, config, 0)]

@@ -1,0 +1,161 @@
+"""Planned handovers on real jobs: a slot whose GPU reads hot (an injected health reading) moves
+to the spare at a step boundary; an operator drains a rank, and a whole node. No step is
+redone, nothing counts as a failure, and the final weights are bitwise equal to a run without
+any of it.
+
+Paced by events: the job waits on a leash at a step until the handover has started (its
+boundary lies past the leash), then runs to its end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.jobs import (
+    JobResult,
+    assert_bitwise_equal,
+    await_status,
+    cli,
+    free_port_pair,
+    job_command,
+    move_leash,
+    run_job,
+    start_node,
+)
+
+pytestmark = pytest.mark.slow
+STEPS = 60
+HOLD_STEP = 20
+# Steps of 50 ms: the boundary, about 0.75 s of steps past the last report, falls well before
+# the end (on steps of a few ms it would lie past it, and the handover would be abandoned).
+PACE = ("--compute-seconds", "0.05")
+
+
+@pytest.fixture(scope="module")
+def reference3(tmp_path_factory) -> JobResult:
+    where = tmp_path_factory.mktemp("reference3")
+    run = run_job(where, nproc=3, spares=0, steps=STEPS, script_args=PACE)
+    assert run.returncode == 0, run.output
+    return run
+
+
+def _await_event(run_dir: Path, name: str, timeout: float = 120) -> dict:
+    """The first ``name`` event of the ledger (polled; the timeout is only a safety net)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        path = run_dir / "ledger.jsonl"
+        events = JobResult(0, "", run_dir).ledger() if path.exists() else []
+        found = [e for e in events if e["event"] == name]
+        if found:
+            return found[0]
+        assert time.monotonic() < deadline, f"{run_dir} never recorded {name!r}"
+        time.sleep(0.1)
+
+
+def _held_job(
+    tmp_path: Path, launcher_args: tuple[str, ...] = ()
+) -> tuple[subprocess.Popen[str], Path, Path]:
+    """A 3-rank job with a spare, every rank held at HOLD_STEP."""
+    run_dir, leash = tmp_path / "run", tmp_path / "leash"
+    move_leash(leash, HOLD_STEP)
+    command = job_command(
+        run_dir,
+        nproc=3,
+        spares=1,
+        steps=STEPS,
+        launcher_args=launcher_args,
+        script_args=("--leash", str(leash), *PACE),
+    )
+    proc = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    held = lambda s: s["steps_committed"] >= HOLD_STEP and len(s["spares"]) == 1  # noqa: E731
+    await_status(run_dir, held)
+    return proc, run_dir, leash
+
+
+def _finish(proc: subprocess.Popen[str], run_dir: Path, leash: Path) -> JobResult:
+    """Once the handover has started, let the job run to its end."""
+    _await_event(run_dir, "handover_start")
+    move_leash(leash, STEPS)
+    try:
+        output, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return JobResult(proc.returncode, output, run_dir)
+
+
+def _check_handover(job: JobResult, reference: JobResult, slots: list[int]) -> dict:
+    assert job.returncode == 0, job.output
+    events = job.ledger()
+    assert not [e for e in events if e["event"] in ("failure", "recovery_done")]
+    (done,) = [e for e in events if e["event"] == "handover_done"]
+    assert sorted(done["slots"]) == slots
+    assert done["recomputed_steps"] == 0 and done["lost_steps"] == 0
+    assert done["target_step"] >= HOLD_STEP
+    exits = {e["process"]: e["returncode"] for e in events if e["event"] == "process_exit"}
+    assert all(exits[p] == 0 for p in done["retired"])  # they left cleanly, as told
+    assert_bitwise_equal(job.weights(), reference.weights(), job)
+    return done
+
+
+def test_a_hot_gpu_moves_its_worker_to_the_spare(tmp_path, reference3):
+    proc, run_dir, leash = _held_job(tmp_path, ("--health-poll", "0.2"))
+    hot = cli("chaos", "--run-dir", str(run_dir), "overheat", "--rank", "1", "--celsius", "97")
+    assert hot.returncode == 0, hot.stderr
+    job = _finish(proc, run_dir, leash)
+    done = _check_handover(job, reference3, [1])
+    assert done["retired"] == ["worker1"]
+    assert done["trigger"]["temperature_c"] == 97.0
+    assert done["lead_seconds"] > 0 and "temperature" in done["reason"]
+    quarantined = json.loads((run_dir / "quarantine.json").read_text())
+    assert [(q["node"], q["device"]) for q in quarantined] == [("node0", 1)]
+
+
+def test_an_operator_drains_a_rank(tmp_path, reference3):
+    proc, run_dir, leash = _held_job(tmp_path)
+    drained = cli("drain", "--run-dir", str(run_dir), "--rank", "2")
+    assert drained.returncode == 0, drained.stderr
+    assert "rank(s) 2 move to spares" in drained.stdout
+    job = _finish(proc, run_dir, leash)
+    done = _check_handover(job, reference3, [2])
+    assert done["retired"] == ["worker2"] and "drain" in done["reason"]
+
+
+def test_draining_a_whole_node_moves_its_slots_to_the_other_node(tmp_path):
+    reference = run_job(tmp_path / "reference", nproc=4, spares=0, steps=STEPS, script_args=PACE)
+    assert reference.returncode == 0, reference.output
+    endpoint, token = f"127.0.0.1:{free_port_pair()}", secrets.token_hex(16)
+    run0, run1, leash = tmp_path / "node0", tmp_path / "node1", tmp_path / "leash"
+    move_leash(leash, HOLD_STEP)
+    common = {"token": token, "steps": STEPS, "script_args": ("--leash", str(leash), *PACE)}
+    node0 = start_node(0, endpoint, run0, spares=2, **common)
+    node1 = start_node(1, endpoint, run1, spares=0, **common)
+    try:
+        held = lambda s: s["steps_committed"] >= HOLD_STEP and len(s["spares"]) == 2  # noqa: E731
+        await_status(run0, held)
+        drained = cli("drain", "--run-dir", str(run0), "--node", "1")
+        assert drained.returncode == 0, drained.stderr
+        job = _finish(node0, run0, leash)
+        node1_output, _ = node1.communicate(timeout=120)
+    finally:
+        for proc in (node0, node1):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+    assert node1.returncode == 0, node1_output
+    done = _check_handover(job, reference, [2, 3])
+    assert sorted(done["retired"]) == ["worker2", "worker3"]
+    assert all(p.startswith("spare") for p in done["replaced"].values())  # node 0's spares
