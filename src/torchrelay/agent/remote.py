@@ -158,7 +158,7 @@ class RemoteNode:
         try:
             for command in self.client.node_watch(self.node):
                 if isinstance(command, StartSpare):
-                    self.agent.start_spare(command.avoid)
+                    self.agent.start_spare(command.avoid or ())
                 elif isinstance(command, Signal):
                     self.agent.kill(command.process, command.signal)
                 elif isinstance(command, Chaos):

@@ -82,7 +82,7 @@ class Executor:
                 command = action.command
                 if isinstance(command, StartSpare):
                     avoided = quarantine.devices_of(self.ledger.path.parent, action.node)
-                    command = StartSpare(avoid=tuple(sorted(avoided)))
+                    command = StartSpare(avoid=tuple(sorted(avoided)) or None)
                 self.node_outbox(action.node).put(command.to_wire())
             elif isinstance(action, SignalLocal):
                 self.agent.kill(action.process, action.signum)

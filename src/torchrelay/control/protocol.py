@@ -306,7 +306,7 @@ class StartSpare(Command):
     """Start a spare, on none of the ``avoid`` devices (quarantined: judged unhealthy)."""
 
     TAG: ClassVar[str] = "start_spare"
-    avoid: tuple[int, ...] = ()
+    avoid: tuple[int, ...] | None = optional()
 
 
 @dataclass(frozen=True, kw_only=True)
