@@ -3,10 +3,12 @@ ways they give up or yield to a failure."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from tests.fsm import Driver
-from torchrelay.control import handover
+from torchrelay.control import handover, liveness
 from torchrelay.control.actions import QuarantineDevice
 from torchrelay.control.errors import ProtocolError
 from torchrelay.control.health_intake import HealthIntake
@@ -131,3 +133,16 @@ def test_a_hot_gpu_read_three_polls_in_a_row_asks_for_its_slot_to_be_handed_over
     assert asked["trigger"]["temperature_c"] == 97.0
     with pytest.raises(ProtocolError, match="node1"):
         intake.readings(driver.job, "node0", ({**hot, "node": "node1", "t": 1.0},), driver.now)
+
+
+def test_a_rank_that_stays_a_straggler_is_handed_over_when_the_policy_says_so(tmp_path):
+    driver = started(tmp_path)
+    driver.config = dataclasses.replace(driver.config, drain_stragglers=3)
+    driver.report("worker1", "progress", step=11, compute_seconds=0.5)
+    driver.report("worker0", "progress", step=11, compute_seconds=0.1)
+    for _ in range(3):
+        assert not driver.events("handover_requested")
+        driver.take(liveness.tick(driver.job, driver.config, driver.now, driver.tails.get))
+    (asked,) = driver.events("handover_requested")
+    assert asked["slots"] == [1] and "straggler: 5.0x" in asked["reason"]
+    assert len(driver.events("straggler")) == 1

@@ -42,6 +42,7 @@ class JobConfig:
     hang_factor: float = 10.0
     node_timeout: float = 10.0
     straggler_ratio: float = 1.5
+    drain_stragglers: int = 0  # hand a straggler's slot over after this many rounds; 0: never
     chaos: list[ChaosEvent] = field(default_factory=list)
     master_addr: str = "127.0.0.1"
     master_port: int = 0

@@ -146,6 +146,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         metavar="FILE",
         help="thresholds for moving a worker off a failing GPU (.toml/.json; docs/health.md)",
     )
+    p.add_argument(
+        "--drain-stragglers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="hand a straggler's slot to a spare once it stayed one for N monitor rounds "
+        "(4 a second); default 0: stragglers are only reported",
+    )
     p.add_argument("--quiet", action="store_true", help="do not stream worker output")
     p.add_argument("script", help="the training script")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
@@ -229,6 +237,7 @@ def config_from_args(
         state=state,
         metrics_port=args.metrics_port,
         health_poll=_health_poll(args.health_poll),
+        drain_stragglers=args.drain_stragglers,
         health_policy=policy,
     )
 
@@ -256,6 +265,10 @@ def _check_durations(args: argparse.Namespace) -> None:
         raise SystemExit(
             f"torchrelay run: --metrics-port must be in 1..65535 (0: no metrics), not "
             f"{args.metrics_port}"
+        )
+    if args.drain_stragglers < 0:
+        raise SystemExit(
+            f"torchrelay run: --drain-stragglers must be >= 0, not {args.drain_stragglers}"
         )
     if args.max_restarts < 0:
         raise SystemExit(f"torchrelay run: --max-restarts must be >= 0, not {args.max_restarts}")

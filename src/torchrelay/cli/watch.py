@@ -9,6 +9,8 @@ every ``--interval`` seconds with ``rich.live.Live`` until the job ends -- its l
 from __future__ import annotations
 
 import json
+import signal
+import threading
 import time
 from collections import deque
 from pathlib import Path
@@ -76,10 +78,13 @@ def show(
     if not watch:
         console.print(view)
         return 0
+    # Ctrl-C only sets a flag: an exception raised wherever the signal lands (inside a gRPC
+    # call, while the view is drawn) could escape as a traceback.
+    interrupted = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
     try:
         with Live(view, console=console, auto_refresh=False) as live:
-            while tail.ended is None:
-                time.sleep(interval)
+            while tail.ended is None and not interrupted.wait(interval):
                 tail.poll()
                 try:
                     status = client.status(timeout=5.0)
@@ -87,7 +92,9 @@ def show(
                     break
                 rate.add(time.monotonic(), status["steps_committed"])
                 live.update(render(status, list(tail.recent), rate.rate(), title), refresh=True)
-    except KeyboardInterrupt:
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if interrupted.is_set():
         _say(console, "torchrelay: stopped watching; the job goes on")
         return 0
     tail.poll()

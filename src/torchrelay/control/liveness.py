@@ -14,10 +14,12 @@ import statistics
 
 from torchrelay import events
 from torchrelay.config import JobConfig
+from torchrelay.control import handover
 from torchrelay.control.actions import Action, Record, StartRecovery
 from torchrelay.control.departures import OutputTail, node_lost
 from torchrelay.control.detection import Beat, judge
 from torchrelay.control.endings import fail
+from torchrelay.control.errors import ProtocolError
 from torchrelay.control.nodes import signal as signal_process
 from torchrelay.control.state import Detection, JobPhase, JobState, Member, MemberState, move
 
@@ -38,7 +40,7 @@ def tick(job: JobState, config: JobConfig, now: float, output_tail: OutputTail) 
     job.hang_timeout = hang_timeout(job, config)
     actions = _check_nodes(job, config, now, output_tail)
     if job.phase is JobPhase.RUNNING:
-        actions += _check_workers(job, config, now) + _check_stragglers(job, config)
+        actions += _check_workers(job, config, now) + _check_stragglers(job, config, now)
     return actions
 
 
@@ -125,7 +127,10 @@ def _collective_lost(
     return [*actions, StartRecovery()]
 
 
-def _check_stragglers(job: JobState, config: JobConfig) -> list[Action]:
+def _check_stragglers(job: JobState, config: JobConfig, now: float) -> list[Action]:
+    """Record a rank whose compute per step is ``straggler_ratio`` times its peers' median;
+    with ``--drain-stragglers N``, hand its slot over once it stayed one for N monitor
+    rounds in a row (its device is not quarantined: slowness may be its neighbours')."""
     compute = {
         slot: m.timings["compute_seconds"]
         for slot, m in job.by_slot().items()
@@ -147,6 +152,19 @@ def _check_stragglers(job: JobState, config: JobConfig) -> list[Action]:
                 "slowdown": seconds / peers,
             }
             actions.append(Record(events.Straggler(process=process, **job.stragglers[process])))
+        if process in job.stragglers:
+            rounds = job.straggler_rounds.get(process, 0) + 1 if slow else 0
+            job.straggler_rounds[process] = rounds
+            if config.drain_stragglers and rounds == config.drain_stragglers:
+                reason = (
+                    f"straggler: {seconds / peers:.1f}x its peers' compute per step for "
+                    f"{rounds} monitor rounds"
+                )
+                try:
+                    actions += handover.request(job, [slot], reason, now, now)
+                except ProtocolError as exc:
+                    gave_up = events.HandoverAbandoned(slots=(slot,), reason=str(exc))
+                    actions.append(Record(gave_up))
     return actions
 
 

@@ -55,7 +55,7 @@ VOLATILE_MEMBER_FIELDS = (
     "claims",
     "last_commit_t",
 )
-VOLATILE_JOB_FIELDS = ("hang_timeout",)
+VOLATILE_JOB_FIELDS = ("hang_timeout", "straggler_rounds")
 
 
 def durable_view(job: JobState) -> dict[str, Any]:

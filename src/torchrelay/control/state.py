@@ -289,6 +289,7 @@ class JobState:
     bug_restarts: int = 0
     spare_failures: int = 0
     stragglers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    straggler_rounds: dict[str, int] = field(default_factory=dict)  # in a row, per process
     # Spare processes started on each node that have neither joined nor exited yet.
     spares_launching: dict[str, int] = field(default_factory=dict)
     recovery: RecoveryState = field(default_factory=RecoveryState)
@@ -329,6 +330,7 @@ class JobState:
             "bug_restarts": self.bug_restarts,
             "spare_failures": self.spare_failures,
             "stragglers": self.stragglers,
+            "straggler_rounds": self.straggler_rounds,
             "spares_launching": self.spares_launching,
             "recovery": self.recovery.to_dict(),
             "phase": self.phase.value,

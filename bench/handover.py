@@ -1,0 +1,112 @@
+"""``python -m bench.handover``: a planned handover's stall against the crash path's, same job.
+
+Runs the same 3-rank job (tests/scripts/mlp_train.py, steps of ``--compute-seconds``, one hot
+spare) ``--repeats`` times per mode, every rank held on a leash at step ``--at`` until the
+fault is in: ``drain`` (``torchrelay drain --rank 1``: a planned handover) and ``kill``
+(``torchrelay chaos kill --rank 1``: SIGKILL, the crash path). From each job's ledger:
+
+- drain: ``handover_done.stall_seconds`` (every rank halted at the boundary -> the first step
+  after), steps recomputed;
+- kill: the largest ``survivor_gap_seconds`` of ``recovery_done`` (a survivor's last commit
+  before the failure -> its first after, detection included), steps recomputed.
+
+Both are the time training made no progress because of the move. Prints a markdown section.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tests.jobs import await_status, cli, job_command, move_leash
+
+MODES = ("drain", "kill")
+
+
+def one_job(where: Path, mode: str, steps: int, at: int, compute: float) -> dict[str, float]:
+    run_dir, leash = where / "run", where / "leash"
+    move_leash(leash, at)
+    command = job_command(
+        run_dir,
+        nproc=3,
+        spares=1,
+        steps=steps,
+        script_args=("--leash", str(leash), "--compute-seconds", str(compute)),
+    )
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    await_status(run_dir, lambda s: s["steps_committed"] >= at and len(s["spares"]) == 1)
+    if mode == "drain":
+        done = cli("drain", "--run-dir", str(run_dir), "--rank", "1")
+        _await(run_dir, "handover_start")
+    else:
+        done = cli("chaos", "--run-dir", str(run_dir), "kill", "--rank", "1")
+        _await(run_dir, "recovery_start")
+    assert done.returncode == 0, done.stderr
+    move_leash(leash, steps)
+    output, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, output
+    events = _events(run_dir)
+    if mode == "drain":
+        (moved,) = [e for e in events if e["event"] == "handover_done"]
+        return {"stall": moved["stall_seconds"], "recomputed": moved["recomputed_steps"]}
+    (cured,) = [e for e in events if e["event"] == "recovery_done"]
+    gap = max(cured["survivor_gap_seconds"].values())
+    return {"stall": gap, "recomputed": cured["recomputed_steps"]}
+
+
+def _events(run_dir: Path) -> list[dict]:
+    path = run_dir / "ledger.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _await(run_dir: Path, name: str, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not any(e["event"] == name for e in _events(run_dir)):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"bench.handover: {run_dir} never recorded {name}")
+        time.sleep(0.05)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=80)
+    parser.add_argument("--at", type=int, default=20, help="the step the fault comes at")
+    parser.add_argument("--compute-seconds", type=float, default=0.05)
+    args = parser.parse_args()
+    results: dict[str, list[dict[str, float]]] = {mode: [] for mode in MODES}
+    with tempfile.TemporaryDirectory() as tmp:
+        for repeat in range(args.repeats):
+            for mode in MODES:
+                where = Path(tmp) / f"{mode}{repeat}"
+                where.mkdir()
+                one = one_job(where, mode, args.steps, args.at, args.compute_seconds)
+                results[mode].append(one)
+                print(f"{mode} #{repeat}: {one}", file=sys.stderr, flush=True)
+    print("| move | stall p50 (s) | stall max (s) | steps recomputed |")
+    print("|---|---|---|---|")
+    for mode, label in zip(
+        MODES, ("planned handover (drain)", "crash path (SIGKILL)"), strict=True
+    ):
+        stalls = [r["stall"] for r in results[mode]]
+        recomputed = sorted({int(r["recomputed"]) for r in results[mode]})
+        print(
+            f"| {label} | {statistics.median(stalls):.3f} | {max(stalls):.3f} | "
+            f"{', '.join(map(str, recomputed))} |"
+        )
+    ratio = statistics.median(r["stall"] for r in results["drain"]) / statistics.median(
+        r["stall"] for r in results["kill"]
+    )
+    print(f"\nhandover stall / crash stall (medians, same run): {ratio:.2f}")
+
+
+if __name__ == "__main__":
+    main()
