@@ -3,12 +3,14 @@
 Runs the same 3-rank job (tests/scripts/mlp_train.py, steps of ``--compute-seconds``, one hot
 spare) ``--repeats`` times per mode, every rank held on a leash at step ``--at`` until the
 fault is in: ``drain`` (``torchrelay drain --rank 1``: a planned handover) and ``kill``
-(``torchrelay chaos kill --rank 1``: SIGKILL, the crash path). From each job's ledger:
+(``torchrelay chaos kill --rank 1``, sent once the job runs free again: SIGKILL mid-step, the
+crash path). From each job's ledger:
 
-- drain: ``handover_done.stall_seconds`` (every rank halted at the boundary -> the first step
-  after), steps recomputed;
+- drain: ``handover_done.stall_seconds`` (every rank halted right after committing the
+  boundary -> the first commit after: one step's compute included), steps recomputed;
 - kill: the largest ``survivor_gap_seconds`` of ``recovery_done`` (a survivor's last commit
-  before the failure -> its first after, detection included), steps recomputed.
+  before the failure -> its first after: detection, the dropped step and its redoing
+  included), steps recomputed.
 
 Both are the time training made no progress because of the move. Prints a markdown section.
 """
@@ -43,12 +45,14 @@ def one_job(where: Path, mode: str, steps: int, at: int, compute: float) -> dict
     await_status(run_dir, lambda s: s["steps_committed"] >= at and len(s["spares"]) == 1)
     if mode == "drain":
         done = cli("drain", "--run-dir", str(run_dir), "--rank", "1")
-        _await(run_dir, "handover_start")
+        _await(run_dir, "handover_start")  # its boundary lies past the leash
+        move_leash(leash, steps)
     else:
+        # Running free when the kill lands (mid-step, as a crash does): a survivor's gap is
+        # then the stall a crash costs, not the time the leash held it.
+        move_leash(leash, steps)
         done = cli("chaos", "--run-dir", str(run_dir), "kill", "--rank", "1")
-        _await(run_dir, "recovery_start")
     assert done.returncode == 0, done.stderr
-    move_leash(leash, steps)
     output, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, output
     events = _events(run_dir)
