@@ -15,6 +15,7 @@ from torchrelay.control.rejections import Rejections
 from torchrelay.events import (
     Event,
     Failure,
+    HandoverDone,
     JobEnd,
     RecoveryDone,
     RecoveryPlanned,
@@ -167,3 +168,26 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def test_a_handover_counts_as_a_proactive_move():
+    metrics = JobMetrics()
+    done = HandoverDone(
+        slots=(1,),
+        generation=1,
+        target_step=27,
+        replaced={"1": "spare0"},
+        retired=("worker1",),
+        reason="drain",
+        since=1.0,
+        lead_seconds=2.0,
+        stall_seconds=0.1,
+        recomputed_steps=0,
+        lost_steps=0,
+        bytes_transferred=4096,
+    )
+    metrics.observe(done)
+    value = metrics.registry.get_sample_value
+    assert value("torchrelay_recoveries_total", {"path": "proactive"}) == 1.0
+    assert value("torchrelay_recoveries_total", {"path": "live"}) == 0.0
+    assert value("torchrelay_transfer_bytes_total") == 4096.0

@@ -22,14 +22,22 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 
-from torchrelay.events import Event, Failure, RecoveryDone, RecoveryPlanned, TrainingDone
+from torchrelay.events import (
+    Event,
+    Failure,
+    HandoverDone,
+    RecoveryDone,
+    RecoveryPlanned,
+    TrainingDone,
+)
 
 RECOVERY_BUCKETS = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 """Seconds: live recoveries take about a second; a wait for a spare or a re-plan, minutes."""
 
 LIVE = "live"
-"""The ``path`` label of a recovery rebuilt from live replicas (the only path built so far;
-``proactive`` and ``fallback`` will be the others)."""
+"""The ``path`` label of a recovery rebuilt from live replicas after a failure."""
+PROACTIVE = "proactive"
+"""The ``path`` label of a planned handover (a drain, a health or straggler migration)."""
 
 
 class MetricsError(ValueError):
@@ -78,6 +86,7 @@ class JobMetrics:
         )
         # Each path's series exists from the start, at 0, so a rate() over it is defined.
         self.recoveries.labels(path=LIVE)
+        self.recoveries.labels(path=PROACTIVE)
 
     def observe(self, event: Event) -> None:
         """Count what one ledger event says (every other event is ignored)."""
@@ -88,6 +97,11 @@ class JobMetrics:
         elif isinstance(event, RecoveryDone):
             self.recoveries.labels(path=LIVE).inc()
             self.recovery_seconds.observe(event.recovery_seconds)
+            self.steps_lost.inc(event.lost_steps)
+            self.steps_recomputed.inc(event.recomputed_steps)
+            self.transfer_bytes.inc(event.bytes_transferred)
+        elif isinstance(event, HandoverDone):
+            self.recoveries.labels(path=PROACTIVE).inc()
             self.steps_lost.inc(event.lost_steps)
             self.steps_recomputed.inc(event.recomputed_steps)
             self.transfer_bytes.inc(event.bytes_transferred)
