@@ -109,6 +109,8 @@ def _check_handover(job: JobResult, reference: JobResult, slots: list[int]) -> d
     exits = {e["process"]: e["returncode"] for e in events if e["event"] == "process_exit"}
     assert all(exits[p] == 0 for p in done["retired"])  # they left cleanly, as told
     assert_bitwise_equal(job.weights(), reference.weights(), job)
+    (reported,) = job.summary()["handovers"]
+    assert reported["recomputed_steps"] == 0 and reported["slots"] == slots
     return done
 
 

@@ -14,6 +14,7 @@ from torchrelay.events import (
     Event,
     Failure,
     FencedRefused,
+    HandoverDone,
     HangDetected,
     JobEnd,
     JobStart,
@@ -74,6 +75,19 @@ def summarize(run_dir: Path) -> dict[str, Any]:
             {"process": e.process, "slot": e.slot, "slowdown": e.slowdown}
             for e in events
             if isinstance(e, Straggler)
+        ],
+        "handovers": [
+            {
+                "slots": list(e.slots),
+                "reason": e.reason,
+                "resumed_at_step": e.target_step + 1,
+                "stall_seconds": e.stall_seconds,
+                "lead_seconds": e.lead_seconds,
+                "recomputed_steps": e.recomputed_steps,
+                "lost_steps": e.lost_steps,
+            }
+            for e in events
+            if isinstance(e, HandoverDone)
         ],
         "hangs_detected": sum(1 for e in events if isinstance(e, HangDetected)),
         "refused_messages": sum(1 for e in events if isinstance(e, FencedRefused))
@@ -152,5 +166,12 @@ def render_text(summary: dict[str, Any]) -> str:
             f"(stall {f['stall_seconds']:.2f} s), resumed at step {f['resumed_at_step']}, "
             f"lost {f['lost_steps']} step(s), recomputed "
             f"{f['recomputed_steps']}, moved {f['bytes_transferred'] / 1e6:.3f} MB\n      {phases}"
+        )
+    for h in summary["handovers"]:
+        ranks = ", ".join(map(str, h["slots"]))
+        lines.append(
+            f"  - handover of rank(s) {ranks} ({h['reason']}): resumed at step "
+            f"{h['resumed_at_step']}, stall {h['stall_seconds']:.2f} s, lead "
+            f"{h['lead_seconds']:.1f} s, recomputed {h['recomputed_steps']}, lost {h['lost_steps']}"
         )
     return "\n".join(lines)
