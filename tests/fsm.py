@@ -24,9 +24,14 @@ class Driver:
         self.config = JobConfig(
             script="train.py",
             script_args=[],
-            nproc_per_node=2,
             run_dir=run_dir,
-            **{"spares": 1, "spare_timeout": 60, "halt_timeout": 60, **options},
+            **{
+                "nproc_per_node": 2,
+                "spares": 1,
+                "spare_timeout": 60,
+                "halt_timeout": 60,
+                **options,
+            },
         )
         self.job = JobState(
             local_node="node0",

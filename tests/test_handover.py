@@ -8,10 +8,11 @@ import dataclasses
 import pytest
 
 from tests.fsm import Driver
-from torchrelay.control import handover, liveness
+from torchrelay.control import handover, liveness, membership
 from torchrelay.control.actions import QuarantineDevice
 from torchrelay.control.errors import ProtocolError
 from torchrelay.control.health_intake import HealthIntake
+from torchrelay.control.protocol import JoinRequest
 from torchrelay.control.state import MemberState
 from torchrelay.health.policy import HealthPolicy
 
@@ -146,3 +147,16 @@ def test_a_rank_that_stays_a_straggler_is_handed_over_when_the_policy_says_so(tm
     (asked,) = driver.events("handover_requested")
     assert asked["slots"] == [1] and "straggler: 5.0x" in asked["reason"]
     assert len(driver.events("straggler")) == 1
+
+
+def test_a_worker_killed_on_a_device_quarantines_it_and_an_exception_does_not(tmp_path):
+    driver = Driver(tmp_path, nproc_per_node=3)
+    for slot in (0, 1, 2):
+        request = JoinRequest(role="worker", pid=1, node="node0", slot=slot, device=slot)
+        driver.take(membership.join(driver.job, driver.config, f"worker{slot}", request, 1.0))
+        driver.report(f"worker{slot}", "max_steps", max_steps=LONG)
+        driver.report(f"worker{slot}", "progress", step=3)
+    killed = driver.exit("worker1", -9)
+    assert QuarantineDevice("node0", 1, "worker1 died on it (cause)") in killed
+    crashed = driver.exit("worker2", 1)  # the script's own error: says nothing of the GPU
+    assert not [a for a in crashed if isinstance(a, QuarantineDevice)]

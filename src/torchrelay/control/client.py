@@ -159,9 +159,15 @@ class ControlClient:
             return unseal(response, self._token)
 
     def join(
-        self, role: str, pid: int, node: str, slot: int | None, timeout: float = 60.0
+        self,
+        role: str,
+        pid: int,
+        node: str,
+        slot: int | None,
+        device: int | None = None,
+        timeout: float = 60.0,
     ) -> JoinAnswer:
-        request = JoinRequest(role=role, pid=pid, node=node, slot=slot)
+        request = JoinRequest(role=role, pid=pid, node=node, slot=slot, device=device)
         return JoinAnswer.from_wire(self._call("Join", request.to_wire(), timeout))
 
     def send(self, report: Report, timeout: float = 30.0) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from typing import Any
 from torchrelay import events
 from torchrelay.config import JobConfig
 from torchrelay.control import drills
-from torchrelay.control.actions import Action, Record, Refused, StartRecovery
+from torchrelay.control.actions import Action, QuarantineDevice, Record, Refused, StartRecovery
 from torchrelay.control.endings import fail, succeed
 from torchrelay.control.errors import FencedError
 from torchrelay.control.nodes import node_of
@@ -203,6 +203,11 @@ def _worker_lost(
                 traceback=failure.get("traceback"),
             )
     job.recovery.failed[member.slot] = failure
+    if kind == "signal" and member.device is not None and member.detection is not Detection.NODE:
+        # Killed, or hung until fenced: the device may be at fault; no refill spare gets it
+        # until an operator clears it (a script's own error or exit says nothing of it).
+        reason = f"{member.process} died on it ({cause})"
+        actions.append(QuarantineDevice(member.node, member.device, reason))
     return [*actions, StartRecovery()]
 
 

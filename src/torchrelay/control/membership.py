@@ -45,6 +45,7 @@ def join(
     """Register a process; workers name their slot (only at job start), spares get one later."""
     slot = request.slot
     member = Member(process, Role(request.role), request.node, request.pid, last_seen=now)
+    member.device = request.device
     if process in job.members:
         raise ProtocolError(f"process {process!r} joined twice")
     if member.role is Role.WORKER:

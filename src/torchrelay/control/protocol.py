@@ -59,12 +59,14 @@ def _generation() -> Any:
 # --------------------------------------------------------------------- worker -> controller
 @dataclass(frozen=True, kw_only=True)
 class JoinRequest(Wire):
-    """A worker (naming its ``slot``) or a spare (``slot`` None) joins the job."""
+    """A worker (naming its ``slot``) or a spare (``slot`` None) joins the job; ``device``:
+    the device index its agent gave it (``LOCAL_RANK``)."""
 
     role: str
     pid: int = at_least(0, "a process id (an integer >= 0)")
     node: str
     slot: int | None = at_least(0, "a slot (an integer >= 0)", default=None)
+    device: int | None = at_least(0, "a device index (an integer >= 0)", default=None, omit=True)
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -144,6 +144,7 @@ class Member:
     claims: dict[str, int] = field(default_factory=dict)
     returncode: int | None = None
     last_commit_t: float | None = None  # wall time of its last commit, from its halted report
+    device: int | None = None  # the device index its agent gave it (LOCAL_RANK)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -307,7 +307,7 @@ def init(seed: int = 0) -> Relay:
     env = RelayEnv.from_environ()
     failover = failover_for(env.state, env.token)
     client = ControlClient(env.control, env.token, env.process, failover=failover)
-    joined = client.join(env.role, os.getpid(), env.node, env.rank)
+    joined = client.join(env.role, os.getpid(), env.node, env.rank, device=env.local_rank)
     relay = Relay(env, client, joined, seed)
     client.on_failover = relay._on_new_leader
     return relay
