@@ -20,13 +20,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from tests.jobs import await_status, cli, job_command, move_leash
+from tests.jobs import await_status, cli, move_leash, start_job
 
 MODES = ("drain", "kill")
 
@@ -34,14 +33,8 @@ MODES = ("drain", "kill")
 def one_job(where: Path, mode: str, steps: int, at: int, compute: float) -> dict[str, float]:
     run_dir, leash = where / "run", where / "leash"
     move_leash(leash, at)
-    command = job_command(
-        run_dir,
-        nproc=3,
-        spares=1,
-        steps=steps,
-        script_args=("--leash", str(leash), "--compute-seconds", str(compute)),
-    )
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    pace = ("--leash", str(leash), "--compute-seconds", str(compute))
+    proc = start_job(run_dir, nproc=3, spares=1, steps=steps, script_args=pace)
     await_status(run_dir, lambda s: s["steps_committed"] >= at and len(s["spares"]) == 1)
     if mode == "drain":
         done = cli("drain", "--run-dir", str(run_dir), "--rank", "1")

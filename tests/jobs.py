@@ -89,6 +89,17 @@ def job_command(
     ]
 
 
+def start_job(run_dir: Path, **options: Any) -> subprocess.Popen[str]:
+    """Start a job (see :func:`job_command`) in its own process group, output captured."""
+    return subprocess.Popen(
+        job_command(run_dir, **options),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
 def run_job(run_dir: Path, *, timeout: float = 300, **options: Any) -> JobResult:
     """Run a job (see :func:`job_command` for the options) to its end."""
     command = job_command(run_dir, **options)

@@ -25,9 +25,9 @@ from tests.jobs import (
     await_status,
     cli,
     free_port_pair,
-    job_command,
     move_leash,
     run_job,
+    start_job,
     start_node,
 )
 
@@ -66,20 +66,13 @@ def _held_job(
     """A 3-rank job with a spare, every rank held at HOLD_STEP."""
     run_dir, leash = tmp_path / "run", tmp_path / "leash"
     move_leash(leash, HOLD_STEP)
-    command = job_command(
+    proc = start_job(
         run_dir,
         nproc=3,
         spares=1,
         steps=STEPS,
         launcher_args=launcher_args,
         script_args=("--leash", str(leash), *PACE),
-    )
-    proc = subprocess.Popen(
-        command,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
     )
     held = lambda s: s["steps_committed"] >= HOLD_STEP and len(s["spares"]) == 1  # noqa: E731
     await_status(run_dir, held)

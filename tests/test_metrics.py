@@ -8,6 +8,7 @@ import urllib.request
 
 import pytest
 
+from tests.test_protocol import EVENTS as EVENT_SAMPLES
 from torchrelay.control.actions import EndJob, Record
 from torchrelay.control.executor import Executor
 from torchrelay.control.metrics import JobMetrics, MetricsError, serve_metrics
@@ -172,22 +173,9 @@ def _free_port() -> int:
 
 def test_a_handover_counts_as_a_proactive_move():
     metrics = JobMetrics()
-    done = HandoverDone(
-        slots=(1,),
-        generation=1,
-        target_step=27,
-        replaced={"1": "spare0"},
-        retired=("worker1",),
-        reason="drain",
-        since=1.0,
-        lead_seconds=2.0,
-        stall_seconds=0.1,
-        recomputed_steps=0,
-        lost_steps=0,
-        bytes_transferred=4096,
-    )
+    (done,) = [e for e in EVENT_SAMPLES if isinstance(e, HandoverDone)]
     metrics.observe(done)
     value = metrics.registry.get_sample_value
     assert value("torchrelay_recoveries_total", {"path": "proactive"}) == 1.0
     assert value("torchrelay_recoveries_total", {"path": "live"}) == 0.0
-    assert value("torchrelay_transfer_bytes_total") == 4096.0
+    assert value("torchrelay_transfer_bytes_total") == done.bytes_transferred

@@ -95,18 +95,19 @@ class JobMetrics:
         elif isinstance(event, RecoveryPlanned):
             self.generation.set(event.generation)
         elif isinstance(event, RecoveryDone):
-            self.recoveries.labels(path=LIVE).inc()
             self.recovery_seconds.observe(event.recovery_seconds)
-            self.steps_lost.inc(event.lost_steps)
-            self.steps_recomputed.inc(event.recomputed_steps)
-            self.transfer_bytes.inc(event.bytes_transferred)
+            self._moved(LIVE, event)
         elif isinstance(event, HandoverDone):
-            self.recoveries.labels(path=PROACTIVE).inc()
-            self.steps_lost.inc(event.lost_steps)
-            self.steps_recomputed.inc(event.recomputed_steps)
-            self.transfer_bytes.inc(event.bytes_transferred)
+            self._moved(PROACTIVE, event)
         elif isinstance(event, TrainingDone):
             self.steps_committed.set(event.steps_committed)
+
+    def _moved(self, path: str, event: RecoveryDone | HandoverDone) -> None:
+        """Slots moved to new processes by a recovery or a handover: what it cost."""
+        self.recoveries.labels(path=path).inc()
+        self.steps_lost.inc(event.lost_steps)
+        self.steps_recomputed.inc(event.recomputed_steps)
+        self.transfer_bytes.inc(event.bytes_transferred)
 
     def refresh(self, status: dict[str, Any]) -> None:
         """Set the gauges from a controller status snapshot (``Controller.status()``)."""
