@@ -18,14 +18,12 @@ Both are the time training made no progress because of the move. Prints a markdo
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from tests.jobs import await_status, cli, move_leash, start_job
+from tests.jobs import await_event, await_status, cli, ledger_events, move_leash, start_job
 
 MODES = ("drain", "kill")
 
@@ -38,7 +36,7 @@ def one_job(where: Path, mode: str, steps: int, at: int, compute: float) -> dict
     await_status(run_dir, lambda s: s["steps_committed"] >= at and len(s["spares"]) == 1)
     if mode == "drain":
         done = cli("drain", "--run-dir", str(run_dir), "--rank", "1")
-        _await(run_dir, "handover_start")  # its boundary lies past the leash
+        await_event(run_dir, "handover_start")  # its boundary lies past the leash
         move_leash(leash, steps)
     else:
         # Running free when the kill lands (mid-step, as a crash does): a survivor's gap is
@@ -48,28 +46,13 @@ def one_job(where: Path, mode: str, steps: int, at: int, compute: float) -> dict
     assert done.returncode == 0, done.stderr
     output, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, output
-    events = _events(run_dir)
+    events = ledger_events(run_dir)
     if mode == "drain":
         (moved,) = [e for e in events if e["event"] == "handover_done"]
         return {"stall": moved["stall_seconds"], "recomputed": moved["recomputed_steps"]}
     (cured,) = [e for e in events if e["event"] == "recovery_done"]
     gap = max(cured["survivor_gap_seconds"].values())
     return {"stall": gap, "recomputed": cured["recomputed_steps"]}
-
-
-def _events(run_dir: Path) -> list[dict]:
-    path = run_dir / "ledger.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _await(run_dir: Path, name: str, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not any(e["event"] == name for e in _events(run_dir)):
-        if time.monotonic() > deadline:
-            raise SystemExit(f"bench.handover: {run_dir} never recorded {name}")
-        time.sleep(0.05)
 
 
 def main() -> None:

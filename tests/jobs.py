@@ -143,6 +143,27 @@ def await_status(run_dir, predicate: Callable[[dict], bool], timeout: float = 12
     raise AssertionError("the job never reached the expected state")
 
 
+def ledger_events(run_dir: Path) -> list[dict[str, Any]]:
+    """The events of ``run_dir``'s ledger so far (none before the job has written one)."""
+    path = run_dir / "ledger.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def await_event(run_dir: Path, name: str, timeout: float = 120) -> dict[str, Any]:
+    """The first ``name`` event of the ledger, once written (polled; the timeout is a safety
+    net, never the pace)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [e for e in ledger_events(run_dir) if e["event"] == name]
+        if found:
+            return found[0]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{run_dir} never recorded {name!r}")
+        time.sleep(0.05)
+
+
 def free_port_pair(host: str = "127.0.0.1") -> int:
     """A free port P on ``host`` with P+1 free too (a multi-node job's store and controller)."""
     for _ in range(50):

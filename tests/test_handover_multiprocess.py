@@ -14,7 +14,6 @@ import os
 import secrets
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ import pytest
 from tests.jobs import (
     JobResult,
     assert_bitwise_equal,
+    await_event,
     await_status,
     cli,
     free_port_pair,
@@ -47,19 +47,6 @@ def reference3(tmp_path_factory) -> JobResult:
     return run
 
 
-def _await_event(run_dir: Path, name: str, timeout: float = 120) -> dict:
-    """The first ``name`` event of the ledger (polled; the timeout is only a safety net)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        path = run_dir / "ledger.jsonl"
-        events = JobResult(0, "", run_dir).ledger() if path.exists() else []
-        found = [e for e in events if e["event"] == name]
-        if found:
-            return found[0]
-        assert time.monotonic() < deadline, f"{run_dir} never recorded {name!r}"
-        time.sleep(0.1)
-
-
 def _held_job(
     tmp_path: Path, launcher_args: tuple[str, ...] = ()
 ) -> tuple[subprocess.Popen[str], Path, Path]:
@@ -81,7 +68,7 @@ def _held_job(
 
 def _finish(proc: subprocess.Popen[str], run_dir: Path, leash: Path) -> JobResult:
     """Once the handover has started, let the job run to its end."""
-    _await_event(run_dir, "handover_start")
+    await_event(run_dir, "handover_start")
     move_leash(leash, STEPS)
     try:
         output, _ = proc.communicate(timeout=300)

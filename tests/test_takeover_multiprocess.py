@@ -15,7 +15,6 @@ import os
 import secrets
 import signal
 import subprocess
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,9 +24,11 @@ from tests.etcd import EtcdServer
 from tests.jobs import (
     JobResult,
     assert_bitwise_equal,
+    await_event,
     await_status,
     cli,
     free_port_pair,
+    ledger_events,
     move_leash,
     run_job,
     start_node,
@@ -46,19 +47,6 @@ def reference(tmp_path_factory) -> JobResult:
     run = run_job(tmp_path_factory.mktemp("reference"), nproc=3, spares=0, steps=STEPS)
     assert run.returncode == 0, run.output
     return run
-
-
-def _events(run_dir: Path) -> list[dict]:
-    path = run_dir / "ledger.jsonl"
-    return JobResult(0, "", run_dir).ledger() if path.exists() else []
-
-
-def _await_event(run_dir: Path, name: str, timeout: float = 120) -> None:
-    """Until the ledger records ``name`` (polled; the timeout is only a safety net)."""
-    deadline = time.monotonic() + timeout
-    while not any(e["event"] == name for e in _events(run_dir)):
-        assert time.monotonic() < deadline, f"{run_dir} never recorded {name!r}"
-        time.sleep(0.1)
 
 
 Strike = Callable[[subprocess.Popen[str], list[Path], Path], None]
@@ -119,8 +107,8 @@ def _check_takeover(
     step, and success; the weights are the failure-free run's. Returns its recovery_done."""
     assert nodes[0].returncode == -signal.SIGKILL
     assert nodes[1].returncode == 0 and nodes[2].returncode == 0, outputs
-    (leader,) = [r for r in runs[1:] if any(e["event"] == "job_end" for e in _events(r))]
-    events = _events(leader)
+    (leader,) = [r for r in runs[1:] if any(e["event"] == "job_end" for e in ledger_events(r))]
+    events = ledger_events(leader)
     (took,) = [e for e in events if e["event"] == "controller_takeover"]
     assert took["previous"] == "node0" and took["leader"] == leader.name
     assert took["committed"] >= STRIKE_STEP - 1
@@ -153,7 +141,7 @@ def test_controller_killed_during_a_recovery(tmp_path, etcd: EtcdServer, referen
     def strike(node0: subprocess.Popen[str], runs: list[Path], leash: Path) -> None:
         killed = cli("chaos", "--run-dir", str(runs[0]), "kill", "--rank", "1")
         assert killed.returncode == 0, killed.stderr
-        _await_event(runs[0], "recovery_start")
+        await_event(runs[0], "recovery_start")
         os.killpg(node0.pid, signal.SIGKILL)
         move_leash(leash, STEPS)
 
