@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from torchrelay.chaos import ChaosEvent
+from torchrelay.checkpoints import Choice, Every
 from torchrelay.control.store.url import StoreSpec
 
 
@@ -47,6 +48,9 @@ class JobConfig:
     stream_output: bool = True
     state: StoreSpec = field(default_factory=StoreSpec)
     metrics_port: int = 0  # Prometheus metrics on master_addr:metrics_port; 0: none
+    checkpoint_dir: Path | None = None  # durable checkpoints (docs/checkpoints.md); None: none
+    checkpoint_every: Every | None = None
+    resume: Choice | None = None  # --resume: the checkpoint chosen to go on from
 
     @property
     def world_size(self) -> int:

@@ -351,6 +351,39 @@ class Bench(Event):
     overhead: float
 
 
+@dataclass(frozen=True, kw_only=True)
+class Progress(Event):
+    """The highest committed step, recorded at most once a second by a job that writes
+    checkpoints, so that a job resumed after its launcher died can count the steps it replays."""
+
+    TAG: ClassVar[str] = "progress"
+    step: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointSaved(Event):
+    """A complete checkpoint appeared (``path``: its directory; training resumes at step+1)."""
+
+    TAG: ClassVar[str] = "checkpoint"
+    step: int
+    path: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Resumed(Event):
+    """``torchrelay run --resume``: the job goes on from checkpoint ``from_step`` after an
+    outage; ``steps_replayed`` committed steps are lost and computed again (not zero-loss).
+    ``skipped``: newer checkpoints refused (corrupt, incomplete), one line each."""
+
+    TAG: ClassVar[str] = "resumed"
+    from_step: int
+    checkpoint: str
+    last_committed: int
+    steps_replayed: int
+    outage_seconds: float | None = optional()
+    skipped: tuple[str, ...] = ()
+
+
 EVENTS = registry(
     JobStart,
     JobEnd,
@@ -380,6 +413,9 @@ EVENTS = registry(
     Rejected,
     RejectedSummary,
     Bench,
+    Progress,
+    CheckpointSaved,
+    Resumed,
 )
 
 

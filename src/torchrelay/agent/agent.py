@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from typing import IO
 
+from torchrelay.agent.resume import checkpoint_environment
 from torchrelay.agent.spawn import signal_group, spawn
 from torchrelay.config import JobConfig
 
@@ -76,6 +77,7 @@ class NodeAgent:
                 "PYTHONUNBUFFERED": "1",
             }
         )
+        env.update(checkpoint_environment(self.config))
         # Like torchrun: several processes per node must not each spawn a thread per core.
         env.setdefault("OMP_NUM_THREADS", "1")
         self.environment = env

@@ -5,12 +5,15 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import shlex
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
 
 from torchrelay.agent.slurm import Placement, SlurmError, place, slurm_step
 from torchrelay.chaos import ChaosSpecError, parse_schedule
+from torchrelay.checkpoints import CheckpointError, Choice, Every, choose, parse_every
 from torchrelay.config import JobConfig
 from torchrelay.control.store import StoreError, StoreSpec, open_backend, parse_store_url
 from torchrelay.report.summary import render_text, summarize
@@ -129,6 +132,26 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="serve Prometheus metrics at http://HOST:PORT/metrics, HOST being the rendezvous "
         "host (node 0 only; docs/observability.md); default 0: no metrics",
     )
+    p.add_argument(
+        "--checkpoint-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="write durable checkpoints of the tracked state here, asynchronously (shared by "
+        "every node; docs/checkpoints.md); with --checkpoint-every",
+    )
+    p.add_argument(
+        "--checkpoint-every",
+        default=None,
+        metavar="N|Ns|Nm",
+        help="checkpoint every N committed steps, or every N seconds (Ns) or minutes (Nm)",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="go on with the job of --run-dir (its launcher and workers gone) from the newest "
+        "complete checkpoint in --checkpoint-dir; the same command plus --resume",
+    )
     p.add_argument("--quiet", action="store_true", help="do not stream worker output")
     p.add_argument("script", help="the training script")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
@@ -188,6 +211,7 @@ def config_from_args(
     except StoreError as exc:
         raise SystemExit(f"torchrelay run: {exc}") from None
     run_dir = placement.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+    every = _checkpoint_every(args, placement.run_dir is not None)
     return JobConfig(
         script=args.script,
         script_args=script_args,
@@ -207,7 +231,41 @@ def config_from_args(
         stream_output=not args.quiet,
         state=state,
         metrics_port=args.metrics_port,
+        checkpoint_dir=args.checkpoint_dir,
+        checkpoint_every=every,
     )
+
+
+def _checkpoint_every(args: argparse.Namespace, run_dir_given: bool) -> Every | None:
+    """``--checkpoint-every`` parsed; the checkpoint flags checked together; else one line."""
+    if (args.checkpoint_dir is None) != (args.checkpoint_every is None):
+        raise SystemExit("torchrelay run: --checkpoint-dir and --checkpoint-every go together")
+    if args.resume and (args.checkpoint_dir is None or not run_dir_given):
+        raise SystemExit(
+            "torchrelay run: --resume needs the job's --run-dir and --checkpoint-dir (the same "
+            "command as before, plus --resume)"
+        )
+    if args.checkpoint_every is None:
+        return None
+    try:
+        return parse_every(args.checkpoint_every)
+    except CheckpointError as exc:
+        raise SystemExit(f"torchrelay run: {exc}") from None
+
+
+def _choose_resume(config: JobConfig) -> Choice:
+    """``--resume``: the newest verified checkpoint; newer refused ones in one line each."""
+    from torchrelay.agent.resume import choose_for_resume
+
+    assert config.checkpoint_dir is not None
+    try:
+        choice = choose_for_resume(config.checkpoint_dir, config.world_size)
+    except CheckpointError as exc:
+        raise SystemExit(f"torchrelay run: {exc}") from None
+    for line in choice.skipped:
+        print(f"torchrelay: checkpoint {line}", file=sys.stderr, flush=True)
+    print(f"torchrelay: resuming from {choice.directory}", file=sys.stderr, flush=True)
+    return choice
 
 
 def _check_durations(args: argparse.Namespace) -> None:
@@ -245,6 +303,8 @@ def run(args: argparse.Namespace) -> int:
     if not Path(config.script).is_file():
         raise SystemExit(f"torchrelay run: script {config.script!r} not found")
     _check_state_store(config.state)
+    if args.resume:
+        config.resume = _choose_resume(config)
     # torch loads here, once the arguments are known to be good: `torchrelay --help`, the
     # operator commands and a mistyped flag never pay for it.
     from torchrelay.agent.launcher import control_port, job_token, launch
@@ -271,5 +331,22 @@ def run(args: argparse.Namespace) -> int:
         if outcome.get("traceback"):
             print(outcome["traceback"], flush=True)
         print(f"torchrelay: job failed: {outcome['reason']}", flush=True)
+        _resume_hint(config)
         return 1
     return 0
+
+
+def _resume_hint(config: JobConfig) -> None:
+    """A failed job with a complete checkpoint: the command that goes on from it."""
+    if config.checkpoint_dir is None:
+        return
+    choice = choose(config.checkpoint_dir)
+    if choice.manifest is None:
+        return
+    argv = [a for a in sys.argv[1:] if a != "--resume"]
+    command = shlex.join(["torchrelay", *argv[:1], "--resume", *argv[1:]])
+    print(
+        f"torchrelay: the newest complete checkpoint is step {choice.manifest.step} "
+        f"({choice.directory}); go on from it with: {command}",
+        flush=True,
+    )

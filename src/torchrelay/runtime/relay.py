@@ -40,6 +40,7 @@ from torchrelay.control.endpoint import failover_for
 from torchrelay.control.protocol import JoinAnswer, MaxSteps, Message, Report
 from torchrelay.runtime import default_group
 from torchrelay.runtime.chaos_inject import ChaosInjection
+from torchrelay.runtime.checkpoint import Checkpointer, resume_from_environ
 from torchrelay.runtime.control_link import ControlLink, install_excepthook
 from torchrelay.runtime.data import (
     loader_steps_per_epoch,
@@ -94,6 +95,12 @@ class Relay(ControlLink, Recovery, ChaosInjection):
         self._state_valid = self.rank is not None  # a spare holds no state worth sending
         self._retired: list[dist.ProcessGroup] = []
         self.timer = StepTimer()
+        self.checkpoints = Checkpointer.from_environ(
+            env.world_size,
+            lambda: self._store,
+            lambda: self.generation,
+            lambda line: self._warn(line, "checkpoint_failed"),
+        )
         default_group.install(self.process_group, dist.PrefixStore("default_pg", self._store))
         seed_all(seed, SETUP_STEP, 0)
         # Heartbeats start before the first rendezvous: waiting for slow peers is not a hang.
@@ -205,13 +212,16 @@ class Relay(ControlLink, Recovery, ChaosInjection):
                     flush=True,
                 )
             self._await_assignment()
-        elif self.committed < start_step - 1:
-            self.committed = start_step - 1
+        else:  # a job resumed by `torchrelay run --resume` starts after its checkpoint
+            resumed = resume_from_environ(self.rank, self.tracked, self.local)  # type: ignore[arg-type]
+            self.committed = max(self.committed, start_step - 1, resumed)
         batches: Iterator[Any] | None = None
         while True:
             step = self.committed + 1
             if step >= max_steps:
                 if self._finish():
+                    if self.checkpoints is not None:
+                        self.checkpoints.close()
                     return
                 batches = None
                 continue
@@ -254,6 +264,8 @@ class Relay(ControlLink, Recovery, ChaosInjection):
             if self.local is not None:
                 self.local.commit(True)
             self.timer.commit()
+            if self.checkpoints is not None:
+                self.checkpoints.after_commit(step, self.rank, self.tracked, self.local)  # type: ignore[arg-type]
             self._report_resumed()
             if not self.guard.poisoned and self._agreement.due(self.generation):
                 self._check_agreement(step)
