@@ -9,8 +9,9 @@ renamed only once every rank's part is written and the manifest describes every 
     step-S/part-R/            rank R's ``track(local=...)`` state (none without local state)
 
 Each part is a ``torch.distributed.checkpoint`` directory of tensors plus ``tree.json``, the
-state's structure in the transfer schema (JSON, never pickle), written by one rank. A directory without a manifest,
-or whose files do not match it, is never loaded. Pure: no torch, no processes.
+state's structure in the transfer schema (JSON, never pickle), written by one rank. A
+directory without a manifest, or whose files do not match it, is never loaded.
+Pure: no torch, no processes.
 """
 
 from __future__ import annotations
@@ -190,9 +191,8 @@ def verify(directory: Path) -> Manifest:
             raise CheckpointError(f"{directory}: {relative} is missing")
         size = path.stat().st_size
         if size != expected.get("size"):
-            raise CheckpointError(
-                f"{directory}: {relative} has {size} bytes, the manifest says {expected.get('size')}"
-            )
+            wanted = expected.get("size")
+            raise CheckpointError(f"{directory}: {relative} has {size} bytes, not {wanted}")
         if file_digest(path) != expected.get("xxh3_128"):
             raise CheckpointError(f"{directory}: {relative} does not match its checksum")
     return manifest

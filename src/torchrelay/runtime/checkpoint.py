@@ -11,9 +11,12 @@ late writes no part; that checkpoint never completes and is abandoned, never hal
 **What, by whom.** What ``torch.distributed.checkpoint.async_save`` does, without its
 process-group check (the relay's group is not a gloo one): DCP's ``DefaultStager`` copies the
 state to host memory (pinned on a GPU; its buffers reused across checkpoints) -- the only part
-the loop waits for -- and ``dcp.save(no_dist=True)`` writes it in a background thread. The replicated (tracked) state is the same on every rank, so rank 0 alone
-writes it; each rank writes its own ``track(local=...)`` state (see :mod:`torchrelay.checkpoints`
-for the layout). No collective is involved: a failure of a peer can never block this rank.
+the loop waits for -- and ``dcp.save(no_dist=True)`` writes it in a background thread. The
+replicated (tracked) state is the same on every rank, so rank 0 alone writes it (DCP's own
+de-duplication of replicas would need its planning collectives, in the background, on the
+group DDP uses); each rank writes its own ``track(local=...)`` state (see
+:mod:`torchrelay.checkpoints` for the layout). No collective is involved: a failure of a peer
+can never block this rank.
 
 **Atomic.** A rank whose part is written (DCP fsyncs its files) creates ``done-R`` (``failed-R``
 if it could not). Rank 0's committer thread of that step waits for every rank's marker, then
