@@ -148,7 +148,7 @@ class Checkpointer:
         self._closing = threading.Event()
         self._errors: list[str] = []
         self._lock = threading.Lock()
-        self._clock = time.monotonic()  # rank 0: since the last checkpoint (or the start)
+        self._clock = time.monotonic()  # rank 0: since the last announcement (or the start)
         self._announced = -1
         self._stager = DefaultStager(
             StagingOptions(
@@ -184,6 +184,7 @@ class Checkpointer:
         store = self._store()
         if rank == 0 and self._announced < step:
             if time.monotonic() - self._clock >= self.every.seconds:
+                self._clock = time.monotonic()
                 self._announced = step + 2
                 store.set(ANNOUNCE_KEY, str(self._announced))
         elif rank != 0 and store.check([ANNOUNCE_KEY]):
@@ -200,7 +201,6 @@ class Checkpointer:
             self._upload.exception()
         tmp = layout.tmp_dir(self.root, step)
         if rank == 0:
-            self._clock = time.monotonic()
             self._remove_abandoned(step)
         tensors: dict[str, torch.Tensor] = {}
         trees = {}
