@@ -310,3 +310,12 @@ def test_steps_replayed_count_from_the_last_step_the_ledger_saw(tmp_path):
     event = resumed_event(events, layout.choose(root), now=events[-1].t + 30)
     assert (event.from_step, event.steps_replayed, event.last_committed) == (9, 3, 12)
     assert event.outage_seconds == pytest.approx(30)
+
+
+def test_refused_newer_checkpoints_are_set_aside_before_a_resume(tmp_path):
+    for step in (4, 9, 14):
+        fake_checkpoint(tmp_path, step)
+    moved = layout.set_aside(tmp_path, 4)
+    assert layout.complete_steps(tmp_path) == [4]
+    assert sorted(p.name.split(".")[0] for p in moved) == ["step-14", "step-9"]
+    assert all(".corrupt-" in p.name and p.is_dir() for p in moved)

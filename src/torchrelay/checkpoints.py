@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -227,6 +228,17 @@ def choose(root: Path) -> Choice:
             continue
         return Choice(directory, manifest, tuple(skipped))
     return Choice(None, None, tuple(skipped))
+
+
+def set_aside(root: Path, step: int) -> list[Path]:
+    """Before resuming from ``step``: rename the newer (refused) checkpoints to
+    ``step-S.corrupt-<time>``, kept for a look but out of the way of the steps to come."""
+    moved = []
+    for newer in (s for s in complete_steps(root) if s > step):
+        target = root / f"step-{newer}.corrupt-{int(time.time())}"
+        os.rename(step_dir(root, newer), target)
+        moved.append(target)
+    return moved
 
 
 def check_compatible(manifest: Manifest, world_size: int, directory: Path) -> None:

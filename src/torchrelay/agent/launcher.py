@@ -16,7 +16,13 @@ from typing import Any
 
 from torchrelay.agent.agent import NodeAgent
 from torchrelay.agent.rendezvous import RendezvousError, bind_rendezvous, serve_store
-from torchrelay.agent.resume import Recorder, hold, reclaim_run_dir, resumed_event
+from torchrelay.agent.resume import (
+    Recorder,
+    hold,
+    reclaim_run_dir,
+    resumed_event,
+    set_aside_refused,
+)
 from torchrelay.agent.rundir import RunDirError, claim_run_dir, create_exclusive
 from torchrelay.agent.signals import ALONGSIDE, STOP_SIGNALS, StopSignals
 from torchrelay.config import JobConfig
@@ -50,6 +56,7 @@ class Launch:
         try:
             if config.resume is not None:
                 ledger, self._lock = reclaim_run_dir(config.run_dir)
+                set_aside_refused(config)
                 self._history = read_events(ledger, strict=False)
             else:
                 ledger = claim_run_dir(config.run_dir)

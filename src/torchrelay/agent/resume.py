@@ -115,6 +115,14 @@ def choose_for_resume(root: Path, world_size: int) -> layout.Choice:
     return choice
 
 
+def set_aside_refused(config: JobConfig) -> None:
+    """Move the checkpoints newer than the one resumed from (refused) out of the way: the
+    resumed job writes those steps again."""
+    choice = config.resume
+    if choice is not None and choice.manifest is not None and config.checkpoint_dir is not None:
+        layout.set_aside(config.checkpoint_dir, choice.manifest.step)
+
+
 @dataclass
 class Recorder:
     """Writes ``progress`` (the highest committed step, when it moved, at most once per

@@ -1,0 +1,165 @@
+"""The last resort with real processes: the whole job (launcher and every worker) SIGKILLed
+mid-run comes back with ``torchrelay run --resume`` from its newest durable checkpoint; the
+replayed steps are identical, so the final weights equal the failure-free run bit for bit, and
+the ledger counts the steps replayed. A corrupt newest checkpoint is reported and the one
+before it is used; a checkpoint of another world size is refused, touching nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.jobs import assert_bitwise_equal, job_command, move_leash
+from torchrelay import checkpoints as layout
+
+pytestmark = pytest.mark.slow
+STEPS = 16
+HELD_AT = 12  # the job is killed while step 12 waits on the leash: steps 0..11 committed
+EVERY = 5  # checkpoints after steps 4 and 9
+
+
+def ledger_events(run_dir: Path) -> list[dict]:
+    try:
+        lines = (run_dir / "ledger.jsonl").read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    events = []
+    for line in lines:
+        try:
+            events.append(json.loads(line))
+        except ValueError:  # a line being written
+            continue
+    return events
+
+
+def await_ledger(run_dir: Path, proc: subprocess.Popen, predicate, timeout: float = 180) -> None:
+    """Wait until an event of the ledger satisfies ``predicate`` (the job must still run)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(predicate(e) for e in ledger_events(run_dir)):
+            return
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        time.sleep(0.1)
+    raise AssertionError(f"the ledger never showed the expected event: {ledger_events(run_dir)}")
+
+
+def await_gone(pids: list[int], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        alive = []
+        for pid in pids:
+            try:
+                os.kill(pid, 0)
+                alive.append(pid)
+            except ProcessLookupError:
+                pass
+        if not alive:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"processes {alive} outlived their launcher")
+
+
+def command(tmp_path: Path, *extra: str, nproc: int = 3) -> list[str]:
+    return job_command(
+        tmp_path / "run",
+        nproc=nproc,
+        steps=STEPS,
+        launcher_args=(
+            "--checkpoint-dir",
+            str(tmp_path / "ckpt"),
+            "--checkpoint-every",
+            str(EVERY),
+            *extra,
+        ),
+        script_args=("--leash", str(tmp_path / "leash")),
+    )
+
+
+def kill_whole_job(tmp_path: Path) -> None:
+    """Run the job until step HELD_AT waits with both checkpoints written, then SIGKILL the
+    launcher's process group and wait until every process of the job is gone."""
+    move_leash(tmp_path / "leash", HELD_AT)
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        command(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        await_ledger(run_dir, proc, lambda e: e["event"] == "checkpoint" and e["step"] == 9)
+        await_ledger(run_dir, proc, lambda e: e["event"] == "progress" and e["step"] == HELD_AT - 1)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+    # The workers die with their launcher (parent-death signal).
+    await_gone([e["pid"] for e in ledger_events(run_dir) if e["event"] == "process_join"])
+    assert not any(e["event"] == "job_end" for e in ledger_events(run_dir))
+
+
+def resume(tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    move_leash(tmp_path / "leash", STEPS)
+    return subprocess.run(
+        command(tmp_path, "--resume"), capture_output=True, text=True, timeout=300
+    )
+
+
+def test_a_killed_job_resumes_from_its_checkpoint_bitwise_equal(tmp_path, reference_weights):
+    kill_whole_job(tmp_path)
+    done = resume(tmp_path)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    weights = __import__("torch").load(tmp_path / "run" / "final.pt", weights_only=True)
+    assert_bitwise_equal(weights, reference_weights(STEPS))
+
+    events = ledger_events(tmp_path / "run")
+    assert sum(e["event"] == "job_start" for e in events) == 1  # one job, one ledger
+    (resumed,) = [e for e in events if e["event"] == "resumed"]
+    assert resumed["from_step"] == 9 and resumed["last_committed"] == HELD_AT - 1
+    assert resumed["steps_replayed"] == HELD_AT - 1 - 9 and resumed["skipped"] == []
+    assert resumed["checkpoint"].endswith("step-9")
+    report = subprocess.run(
+        [*command(tmp_path)[:3], "report", str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "succeeded" in report and "from checkpoint step 9" in report
+    assert f"{HELD_AT - 1 - 9} step(s) replayed, not zero-loss" in report
+    # The resumed job went on checkpointing; the newest two are kept.
+    assert layout.complete_steps(tmp_path / "ckpt") == [14, 9]
+
+
+def test_a_corrupt_newest_checkpoint_is_reported_and_the_one_before_used(
+    tmp_path, reference_weights
+):
+    kill_whole_job(tmp_path)
+    newest = layout.step_dir(tmp_path / "ckpt", 9) / "part-0"
+    data = next(p for p in newest.iterdir() if p.suffix == ".distcp")
+    data.write_bytes(data.read_bytes()[:100])  # truncated
+
+    # Another world size: refused in one line, nothing touched.
+    ledger_before = (tmp_path / "run" / "ledger.jsonl").read_bytes()
+    wrong = subprocess.run(
+        command(tmp_path, "--resume", nproc=2), capture_output=True, text=True, timeout=120
+    )
+    assert wrong.returncode != 0 and "world size 3, this one has 2" in wrong.stderr
+    assert "Traceback" not in wrong.stderr
+    assert (tmp_path / "run" / "ledger.jsonl").read_bytes() == ledger_before
+
+    done = resume(tmp_path)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert "step-9" in output and "has 100 bytes" in output  # the corruption, in one line
+    weights = __import__("torch").load(tmp_path / "run" / "final.pt", weights_only=True)
+    assert_bitwise_equal(weights, reference_weights(STEPS))
+    (resumed,) = [e for e in ledger_events(tmp_path / "run") if e["event"] == "resumed"]
+    assert resumed["from_step"] == 4 and resumed["steps_replayed"] == HELD_AT - 1 - 4
+    assert len(resumed["skipped"]) == 1 and "step-9" in resumed["skipped"][0]
