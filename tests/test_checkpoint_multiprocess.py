@@ -163,3 +163,52 @@ def test_a_corrupt_newest_checkpoint_is_reported_and_the_one_before_used(
     (resumed,) = [e for e in ledger_events(tmp_path / "run") if e["event"] == "resumed"]
     assert resumed["from_step"] == 4 and resumed["steps_replayed"] == HELD_AT - 1 - 4
     assert len(resumed["skipped"]) == 1 and "step-9" in resumed["skipped"][0]
+
+
+def test_when_no_live_replica_survives_the_job_restarts_from_its_checkpoint(
+    tmp_path, reference_weights
+):
+    """Every rank killed in one step: live recovery is impossible, so the launcher stops every
+    process and restarts the job from its newest checkpoint by itself (the drills that fired
+    are not injected again); the final weights are still the failure-free run's."""
+    kills = tuple(f"kill:rank={rank}:step={HELD_AT}" for rank in range(3))
+    move_leash(tmp_path / "leash", HELD_AT)
+    run_dir = tmp_path / "run"
+    command_line = job_command(
+        run_dir,
+        steps=STEPS,
+        chaos=kills,
+        launcher_args=("--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "5"),
+        script_args=("--leash", str(tmp_path / "leash")),
+    )
+    proc = subprocess.Popen(
+        command_line, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        await_ledger(run_dir, proc, lambda e: e["event"] == "checkpoint" and e["step"] == 9)
+        await_ledger(run_dir, proc, lambda e: e["event"] == "progress" and e["step"] == HELD_AT - 1)
+        move_leash(tmp_path / "leash", STEPS)  # the kills fire in step HELD_AT
+        output, _ = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, output
+    assert "restarting every worker from checkpoint step 9" in output
+    weights = __import__("torch").load(run_dir / "final.pt", weights_only=True)
+    assert_bitwise_equal(weights, reference_weights(STEPS))
+
+    events = ledger_events(run_dir)
+    (restart,) = [e for e in events if e["event"] == "fallback_restart"]
+    assert restart["from_step"] == 9 and restart["attempt"] == 1
+    assert restart["steps_lost"] == HELD_AT - 1 - 9 and "no live replica" in restart["reason"]
+    assert sum(e["event"] == "chaos_fired" for e in events) == 3  # not again after the restart
+    summary = json.loads(
+        subprocess.run(
+            [*command_line[:3], "report", str(run_dir), "--json"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
+    assert summary["status"] == "succeeded" and summary["steps_committed"] == STEPS
+    assert summary["fallback_restarts"][0]["steps_lost"] == HELD_AT - 1 - 9
+    assert summary["zero_loss_recoveries"] == 0

@@ -22,6 +22,7 @@ from torchrelay.agent.resume import (
     resumed_event,
 )
 from torchrelay.agent.rundir import RunDirError
+from torchrelay.config import JobConfig
 from torchrelay.events import CheckpointSaved, JobEnd, Progress, read_events
 from torchrelay.ledger import Ledger
 from torchrelay.runtime.checkpoint import Checkpointer, load
@@ -307,7 +308,8 @@ def test_steps_replayed_count_from_the_last_step_the_ledger_saw(tmp_path):
     assert [type(e) for e in events] == [Progress, CheckpointSaved, Progress]
     assert last_committed(events) == 12
     assert last_committed([*events, JobEnd(t=1.0, status="failed", steps_committed=20)]) == 19
-    event = resumed_event(events, layout.choose(root), now=events[-1].t + 30)
+    config = JobConfig("train.py", [], 1, tmp_path, resume=layout.choose(root))
+    event = resumed_event(events, config, now=events[-1].t + 30)
     assert (event.from_step, event.steps_replayed, event.last_committed) == (9, 3, 12)
     assert event.outage_seconds == pytest.approx(30)
 

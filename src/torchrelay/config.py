@@ -51,6 +51,9 @@ class JobConfig:
     checkpoint_dir: Path | None = None  # durable checkpoints (docs/checkpoints.md); None: none
     checkpoint_every: Every | None = None
     resume: Choice | None = None  # --resume: the checkpoint chosen to go on from
+    fallback: tuple[int, str] | None = (
+        None  # a restart from it: (attempt, why live recovery failed)
+    )
 
     @property
     def world_size(self) -> int:

@@ -384,6 +384,20 @@ class Resumed(Event):
     skipped: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True, kw_only=True)
+class FallbackRestart(Event):
+    """Live recovery was impossible (``reason``): the launcher stopped every process and
+    restarted the job from checkpoint ``from_step`` (attempt ``attempt`` of --max-restarts);
+    ``steps_lost`` committed steps are computed again (not zero-loss)."""
+
+    TAG: ClassVar[str] = "fallback_restart"
+    reason: str
+    from_step: int
+    checkpoint: str
+    steps_lost: int
+    attempt: int
+
+
 EVENTS = registry(
     JobStart,
     JobEnd,
@@ -416,6 +430,7 @@ EVENTS = registry(
     Progress,
     CheckpointSaved,
     Resumed,
+    FallbackRestart,
 )
 
 

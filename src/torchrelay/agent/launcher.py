@@ -130,7 +130,7 @@ class Launch:
         if self.config.resume is None:
             self.ledger.write(started.to_json())
         else:  # the same job goes on: one ledger, one report
-            self.ledger.write(resumed_event(self._history, self.config.resume).to_json())
+            self.ledger.write(resumed_event(self._history, self.config).to_json())
         recorder = self._recorder()
         self.server.start()
         self.controller.start_monitor()

@@ -24,6 +24,7 @@ from torchrelay.events import (
     CheckpointSaved,
     Event,
     Failure,
+    FallbackRestart,
     JobEnd,
     Progress,
     RecoveryDone,
@@ -88,10 +89,23 @@ def last_committed(events: list[Event]) -> int:
     return highest
 
 
-def resumed_event(events: list[Event], choice: layout.Choice, now: float | None = None) -> Resumed:
-    """What the ledger says about a resume from ``choice`` after ``events``."""
-    assert choice.directory is not None and choice.manifest is not None
+def resumed_event(
+    events: list[Event], config: JobConfig, now: float | None = None
+) -> Resumed | FallbackRestart:
+    """What the ledger says about going on from ``config.resume`` after ``events``: resumed
+    (``--resume``), or restarted by the launcher itself (``config.fallback``)."""
+    choice = config.resume
+    assert choice is not None and choice.directory is not None and choice.manifest is not None
     last = last_committed(events)
+    if config.fallback is not None:
+        attempt, reason = config.fallback
+        return FallbackRestart(
+            reason=reason,
+            from_step=choice.manifest.step,
+            checkpoint=str(choice.directory),
+            steps_lost=max(0, last - choice.manifest.step),
+            attempt=attempt,
+        )
     stamped = [e.t for e in events if e.t is not None]
     now = time.time() if now is None else now
     return Resumed(

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import shlex
 import sys
 import time
 from collections.abc import Mapping
@@ -13,7 +12,7 @@ from pathlib import Path
 
 from torchrelay.agent.slurm import Placement, SlurmError, place, slurm_step
 from torchrelay.chaos import ChaosSpecError, parse_schedule
-from torchrelay.checkpoints import CheckpointError, Choice, Every, choose, parse_every
+from torchrelay.checkpoints import CheckpointError, Choice, Every, parse_every
 from torchrelay.config import JobConfig
 from torchrelay.control.store import StoreError, StoreSpec, open_backend, parse_store_url
 from torchrelay.report.summary import render_text, summarize
@@ -307,9 +306,12 @@ def run(args: argparse.Namespace) -> int:
         config.resume = _choose_resume(config)
     # torch loads here, once the arguments are known to be good: `torchrelay --help`, the
     # operator commands and a mistyped flag never pay for it.
+    from torchrelay.agent.fallback import next_attempt, resume_hint
     from torchrelay.agent.launcher import control_port, job_token, launch
     from torchrelay.agent.remote import RemoteNode
+    from torchrelay.agent.rundir import LEDGER
     from torchrelay.agent.signals import exit_status
+    from torchrelay.events import read_events
 
     if config.node_rank > 0:
         token = job_token(config)  # checked first: a refused node leaves no directory behind
@@ -323,6 +325,17 @@ def run(args: argparse.Namespace) -> int:
         control = f"{config.master_addr}:{control_port(config)}"
         return RemoteNode(config, control, token).run()
     outcome = launch(config)
+    while (
+        again := next_attempt(config, outcome, read_events(config.run_dir / LEDGER))
+    ) is not None:
+        config = again
+        assert config.resume is not None and config.resume.manifest is not None
+        print(
+            f"torchrelay: {outcome['reason']}; restarting every worker from checkpoint step "
+            f"{config.resume.manifest.step} ({config.resume.directory})",
+            flush=True,
+        )
+        outcome = launch(config)
     print(render_text(summarize(config.run_dir)), flush=True)
     if outcome["status"] == "terminated":
         print(f"torchrelay: job terminated by {outcome['signal']}", flush=True)
@@ -331,22 +344,8 @@ def run(args: argparse.Namespace) -> int:
         if outcome.get("traceback"):
             print(outcome["traceback"], flush=True)
         print(f"torchrelay: job failed: {outcome['reason']}", flush=True)
-        _resume_hint(config)
+        hint = resume_hint(config, sys.argv[1:])
+        if hint is not None:
+            print(hint, flush=True)
         return 1
     return 0
-
-
-def _resume_hint(config: JobConfig) -> None:
-    """A failed job with a complete checkpoint: the command that goes on from it."""
-    if config.checkpoint_dir is None:
-        return
-    choice = choose(config.checkpoint_dir)
-    if choice.manifest is None:
-        return
-    argv = [a for a in sys.argv[1:] if a != "--resume"]
-    command = shlex.join(["torchrelay", *argv[:1], "--resume", *argv[1:]])
-    print(
-        f"torchrelay: the newest complete checkpoint is step {choice.manifest.step} "
-        f"({choice.directory}); go on from it with: {command}",
-        flush=True,
-    )

@@ -14,6 +14,7 @@ from torchrelay.events import (
     CheckpointSaved,
     Event,
     Failure,
+    FallbackRestart,
     FencedRefused,
     HangDetected,
     JobEnd,
@@ -91,6 +92,17 @@ def summarize(run_dir: Path) -> dict[str, Any]:
             for e in events
             if isinstance(e, Resumed)
         ],
+        # Each restart from a checkpoint when no live replica survived (not zero-loss either).
+        "fallback_restarts": [
+            {
+                "from_step": e.from_step,
+                "checkpoint": e.checkpoint,
+                "steps_lost": e.steps_lost,
+                "reason": e.reason,
+            }
+            for e in events
+            if isinstance(e, FallbackRestart)
+        ],
         "refused_messages": sum(1 for e in events if isinstance(e, FencedRefused))
         + _rejected(events, end),
     }
@@ -161,6 +173,11 @@ def render_text(summary: dict[str, Any]) -> str:
             f"{r['steps_replayed']} step(s) replayed, not zero-loss"
         )
         lines += [f"      skipped {why}" for why in r["skipped"]]
+    for r in summary.get("fallback_restarts", []):
+        lines.append(
+            f"  - no live replica survived: every worker restarted from checkpoint step "
+            f"{r['from_step']} ({r['checkpoint']}), {r['steps_lost']} step(s) lost"
+        )
     for f in failures:
         who = "all ranks" if f["rank"] is None else f"rank {f['rank']}"
         head = f"  - {who} step {f['step']}: {f['cause']} ({f['detected_by']})"
