@@ -29,6 +29,9 @@ from torchrelay.runtime.checkpoint import Checkpointer, load
 from torchrelay.runtime.replicas import LocalMirror
 from torchrelay.runtime.tracked import TrackedState
 
+# A rank writes its own part, deliberately without a process group (no_dist).
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is:UserWarning")
+
 
 # ------------------------------------------------------------------ --checkpoint-every
 @pytest.mark.parametrize(
