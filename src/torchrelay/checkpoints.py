@@ -258,10 +258,8 @@ def check_fingerprint(saved: dict[str, Any], live: dict[str, Any], directory: Pa
         why = f"it tracks {sorted(saved)}, this script {sorted(live)}"
     else:
         name = next(n for n in sorted(saved) if saved[n] != live[n])
-        theirs = {tuple(map(str, e)) for e in saved[name]} - {
-            tuple(map(str, e)) for e in live[name]
-        }
-        why = f"{name!r} differs (e.g. {sorted(theirs)[:1] or 'an entry fewer'})"
+        theirs = sorted({json.dumps(e) for e in saved[name]} - {json.dumps(e) for e in live[name]})
+        why = f"{name!r} differs (the checkpoint has {theirs[0] if theirs else 'fewer entries'})"
     raise CheckpointError(f"{directory} was written by a different model: {why}")
 
 

@@ -345,7 +345,8 @@ def run(args: argparse.Namespace) -> int:
             print(outcome["traceback"], flush=True)
         print(f"torchrelay: job failed: {outcome['reason']}", flush=True)
         hint = resume_hint(config, sys.argv[1:])
-        if hint is not None:
+        # A resume that failed before its first step would only be told to resume again.
+        if hint is not None and (config.resume is None or outcome.get("steps_committed")):
             print(hint, flush=True)
         return 1
     return 0

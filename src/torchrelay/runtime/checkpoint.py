@@ -117,7 +117,10 @@ def resume_from_environ(rank: int, tracked: TrackedState, local: Any) -> int:
     directory = os.environ.pop(layout.RESUME_ENV, "")
     if not directory:
         return -1
-    step = load(Path(directory), rank, tracked, local)
+    try:
+        step = load(Path(directory), rank, tracked, local)
+    except layout.CheckpointError as exc:  # one line, not a traceback: the job stops on it
+        raise SystemExit(f"torchrelay: cannot resume: {exc}") from None
     print(f"torchrelay: rank {rank} resumed from {directory} (step {step})", flush=True)
     return step
 
