@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.jobs import assert_bitwise_equal, job_command, move_leash
+from tests.jobs import assert_bitwise_equal, job_command, move_leash, run_job
 from torchrelay import checkpoints as layout
 
 pytestmark = pytest.mark.slow
@@ -212,3 +212,22 @@ def test_when_no_live_replica_survives_the_job_restarts_from_its_checkpoint(
     assert summary["status"] == "succeeded" and summary["steps_committed"] == STEPS
     assert summary["fallback_restarts"][0]["steps_lost"] == HELD_AT - 1 - 9
     assert summary["zero_loss_recoveries"] == 0
+
+
+def test_time_based_checkpoints_are_taken_at_one_step_on_every_rank(tmp_path):
+    """--checkpoint-every 1s on a job of at least 3 s of steps: rank 0 announces the step,
+    every rank writes its part at it, so complete checkpoints appear (and verify)."""
+
+    ckpt = tmp_path / "ckpt"
+    job = run_job(
+        tmp_path / "run",
+        steps=60,
+        launcher_args=("--checkpoint-dir", str(ckpt), "--checkpoint-every", "1s"),
+        script_args=("--compute-seconds", "0.05"),
+    )
+    assert job.returncode == 0, job.output
+    saved = [e for e in job.ledger() if e["event"] == "checkpoint"]
+    assert saved and layout.complete_steps(ckpt)
+    for step in layout.complete_steps(ckpt):
+        assert layout.verify(layout.step_dir(ckpt, step)).world_size == 3
+    assert not [e for e in job.ledger() if e["event"] == "warning"]
