@@ -217,7 +217,6 @@ def test_when_no_live_replica_survives_the_job_restarts_from_its_checkpoint(
 def test_time_based_checkpoints_are_taken_at_one_step_on_every_rank(tmp_path):
     """--checkpoint-every 1s on a job of at least 3 s of steps: rank 0 announces the step,
     every rank writes its part at it, so complete checkpoints appear (and verify)."""
-
     ckpt = tmp_path / "ckpt"
     job = run_job(
         tmp_path / "run",

@@ -58,6 +58,8 @@ def hold(ledger: Path) -> int:
             f"--run-dir {ledger.parent} belongs to a job that is still running (its launcher "
             "holds the ledger); stop it first"
         ) from None
+    except OSError:
+        pass  # a filesystem without locks (some NFS): --resume cannot tell a live job then
     return fd
 
 

@@ -238,7 +238,8 @@ class Checkpointer:
         """At the end of the loop: let this rank's write, and rank 0's commits, finish (those
         still waiting for a part after ``timeout`` are abandoned)."""
         if self._upload is not None:
-            self._upload.exception(timeout=timeout)
+            with contextlib.suppress(TimeoutError):  # still writing: it finishes at exit
+                self._upload.exception(timeout=timeout)
         deadline = time.monotonic() + timeout
         for committer in self._committers.values():
             committer.join(max(0.0, deadline - time.monotonic()))
