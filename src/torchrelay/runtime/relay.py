@@ -8,6 +8,8 @@ A worker runs ordinary DDP code; ``Relay`` adds the few things live recovery nee
   only if all its collectives succeeded, and otherwise drops it and recovers before going on;
 - replicated state checked for agreement across ranks, and rank-local state mirrored to every
   peer (:mod:`replicas`);
+- durable checkpoints of the tracked state with ``--checkpoint-dir``, and the load of one on
+  ``--resume`` (:mod:`checkpoint`);
 - the receiving and sending side of the state transfer (:mod:`recovery`), the control-plane
   link (:mod:`control_link`) and chaos injection (:mod:`chaos_inject`), mixed in from their
   own modules.
@@ -197,7 +199,9 @@ class Relay(ControlLink, Recovery, ChaosInjection):
 
         ``start_step`` starts a fresh job at that step (a script resuming from its own
         snapshot: ``epochs_run * relay.steps_per_epoch``); every rank must pass the same one
-        (checked at the first step). A spare ignores it: it resumes where its slot is.
+        (checked at the first step). A spare ignores it: it resumes where its slot is. A job
+        started by ``torchrelay run --resume`` loads its durable checkpoint of step ``S`` here
+        and starts at ``S + 1`` (see :mod:`torchrelay.runtime.checkpoint`).
         """
         self.steps_per_epoch = self._epoch_length(dataset, batch_size)
         # The controller refuses any step claim beyond it (and a rank that disagrees).
