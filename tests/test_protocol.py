@@ -253,6 +253,14 @@ EVENTS = [
     ev.Rejected(reason="unauthenticated", count=1, detail="d", peer="ipv4:1.2.3.4:5"),
     ev.RejectedSummary(reason="unauthenticated", count=64, detail="d", peer="p"),
     ev.Bench(overhead=0.02),
+    ev.Progress(step=11),
+    ev.CheckpointSaved(step=9, path="/ck/step-9"),
+    ev.Resumed(
+        from_step=9, checkpoint="/ck/step-9", last_committed=11, steps_replayed=2, skipped=("x",)
+    ),
+    ev.FallbackRestart(
+        reason="no live replica survives", from_step=9, checkpoint="c", steps_lost=2, attempt=1
+    ),
 ]
 
 

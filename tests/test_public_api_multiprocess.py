@@ -90,3 +90,26 @@ def test_a_script_resuming_from_its_own_snapshot_starts_there_and_spares_do_not_
     assert sorted(resumed) == ["worker0", "worker1", "worker2"], logs.keys()
     run = [s for s, _, _ in _per_rank(job)[0]["epochs"]]  # step 8 twice: dropped, redone
     assert run[0] == 6 and sorted(set(run)) == list(range(6, STEPS))
+
+
+def test_rank_local_state_is_in_the_durable_checkpoint_per_rank(tmp_path, reference):
+    """A job that ended after 6 steps (a checkpoint after step 4) is resumed for 10: each
+    rank's own loss sum comes back from its own part of the checkpoint, bit for bit."""
+    flags = ("--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "5")
+    misuse = ("--replicated-counter",)  # tracked as in the reference: same fingerprint
+    first = run_job(tmp_path, script=SCRIPT, steps=6, launcher_args=flags, script_args=misuse)
+    assert first.returncode == 0, first.output
+    job = run_job(
+        tmp_path,
+        script=SCRIPT,
+        steps=STEPS,
+        launcher_args=(*flags, "--resume"),
+        script_args=misuse,
+    )
+    assert job.returncode == 0, job.output
+    assert_bitwise_equal(job.weights(), reference.weights())
+    ours, ref = _per_rank(job), _per_rank(reference)
+    assert [r["stats"] for r in ours] == [r["stats"] for r in ref]
+    assert all(r["epochs"] == ref[0]["epochs"][5:] for r in ours)  # it went on at step 5
+    (resumed,) = [e for e in job.ledger() if e["event"] == "resumed"]
+    assert resumed["from_step"] == 4 and resumed["steps_replayed"] == 1

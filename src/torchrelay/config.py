@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from torchrelay.chaos import ChaosEvent
+from torchrelay.checkpoints import Choice, Every
 from torchrelay.control.store.url import StoreSpec
 from torchrelay.health.policy import HealthPolicy
 
@@ -53,6 +54,12 @@ class JobConfig:
     # 0: not polled. The policy judges the readings (docs/health.md).
     health_poll: float = 0.0
     health_policy: HealthPolicy = field(default_factory=HealthPolicy)
+    checkpoint_dir: Path | None = None  # durable checkpoints (docs/checkpoints.md); None: none
+    checkpoint_every: Every | None = None
+    resume: Choice | None = None  # --resume: the checkpoint chosen to go on from
+    fallback: tuple[int, str] | None = (
+        None  # a restart from it: (attempt, why live recovery failed)
+    )
 
     @property
     def world_size(self) -> int:

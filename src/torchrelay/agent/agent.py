@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import IO, Any
 
+from torchrelay.agent.resume import checkpoint_environment
 from torchrelay.agent.spawn import signal_group, spawn
 from torchrelay.config import JobConfig
 from torchrelay.health import quarantine
@@ -81,6 +82,7 @@ class NodeAgent:
                 "PYTHONUNBUFFERED": "1",
             }
         )
+        env.update(checkpoint_environment(self.config))
         # Like torchrun: several processes per node must not each spawn a thread per core.
         env.setdefault("OMP_NUM_THREADS", "1")
         self.environment = env

@@ -16,6 +16,13 @@ from typing import Any
 
 from torchrelay.agent.agent import NodeAgent
 from torchrelay.agent.rendezvous import RendezvousError, bind_rendezvous, serve_store
+from torchrelay.agent.resume import (
+    Recorder,
+    hold,
+    reclaim_run_dir,
+    resumed_event,
+    set_aside_refused,
+)
 from torchrelay.agent.rundir import RunDirError, claim_run_dir, create_exclusive
 from torchrelay.agent.signals import ALONGSIDE, STOP_SIGNALS, StopSignals
 from torchrelay.config import JobConfig
@@ -28,7 +35,7 @@ from torchrelay.control.service import ControlServer
 from torchrelay.control.state import Role
 from torchrelay.control.store import StoreError
 from torchrelay.control.wire import new_token
-from torchrelay.events import JobStart
+from torchrelay.events import Event, JobStart, read_events
 from torchrelay.ledger import Ledger
 
 
@@ -45,8 +52,15 @@ class Launch:
         self.persister = take_lead(
             config.state, self.token, candidate=f"{socket.gethostname()}:{os.getpid()}"
         )
+        self._history: list[Event] = []  # --resume: the ledger so far
         try:
-            ledger = claim_run_dir(config.run_dir)
+            if config.resume is not None:
+                ledger, self._lock = reclaim_run_dir(config.run_dir)
+                set_aside_refused(config)
+                self._history = read_events(ledger, strict=False)
+            else:
+                ledger = claim_run_dir(config.run_dir)
+                self._lock = hold(ledger)  # a --resume of this directory waits for its end
         except BaseException:
             self.observation.stop()
             self._give_up_lead()
@@ -74,7 +88,9 @@ class Launch:
         except BaseException:
             # Nothing ran: give the directory back, so that the same command can be retried.
             self.ledger.close()
-            ledger.unlink()
+            if config.resume is None:
+                ledger.unlink()
+            os.close(self._lock)
             self.observation.stop()
             self._give_up_lead()
             raise
@@ -111,7 +127,11 @@ class Launch:
             chaos=tuple(e.to_dict() for e in self.config.chaos),
             run_dir=str(self.config.run_dir),
         )
-        self.ledger.write(started.to_json())
+        if self.config.resume is None:
+            self.ledger.write(started.to_json())
+        else:  # the same job goes on: one ledger, one report
+            self.ledger.write(resumed_event(self._history, self.config).to_json())
+        recorder = self._recorder()
         self.server.start()
         self.controller.start_monitor()
         self.observation.start(self.controller.status)
@@ -134,6 +154,8 @@ class Launch:
                 outcome = None
                 while outcome is None and stop.received is None:
                     outcome = self.controller.wait_finished(timeout=0.2)
+                    if recorder is not None:
+                        recorder.tick(self.controller.job.highest_committed)
                 if outcome is None:
                     # From here on, exits are the stop itself: the controller records none
                     # as a failure and starts no recovery.
@@ -150,7 +172,17 @@ class Launch:
             self.observation.stop()
             self.server.stop()
             self.ledger.close()
+            os.close(self._lock)
             self._give_up_lead()
+
+    def _recorder(self) -> Recorder | None:
+        if self.config.checkpoint_dir is None:
+            return None
+        recorder = Recorder(self.ledger, self.config.checkpoint_dir)
+        resume = self.config.resume
+        if resume is not None and resume.manifest is not None:
+            recorder.step = recorder.saved = resume.manifest.step
+        return recorder
 
     def _give_up_lead(self) -> None:
         if self.persister is not None:

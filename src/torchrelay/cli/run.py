@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
 
 from torchrelay.agent.slurm import Placement, SlurmError, place, slurm_step
 from torchrelay.chaos import ChaosSpecError, parse_schedule
+from torchrelay.checkpoints import CheckpointError, Choice, Every, parse_every
 from torchrelay.config import JobConfig
 from torchrelay.control.store import StoreError, StoreSpec, open_backend, parse_store_url
 from torchrelay.health.policy import HealthPolicy, PolicyError, load_policy
@@ -154,6 +156,26 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="hand a straggler's slot to a spare once it stayed one for N monitor rounds "
         "(4 a second); default 0: stragglers are only reported",
     )
+    p.add_argument(
+        "--checkpoint-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="write durable checkpoints of the tracked state here, asynchronously (shared by "
+        "every node; docs/checkpoints.md); with --checkpoint-every",
+    )
+    p.add_argument(
+        "--checkpoint-every",
+        default=None,
+        metavar="N|Ns|Nm",
+        help="checkpoint every N committed steps, or every N seconds (Ns) or minutes (Nm)",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="go on with the job of --run-dir (its launcher and workers gone) from the newest "
+        "complete checkpoint in --checkpoint-dir; the same command plus --resume",
+    )
     p.add_argument("--quiet", action="store_true", help="do not stream worker output")
     p.add_argument("script", help="the training script")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
@@ -217,6 +239,7 @@ def config_from_args(
         policy = HealthPolicy() if args.health_policy is None else load_policy(args.health_policy)
     except PolicyError as exc:
         raise SystemExit(f"torchrelay run: {exc}") from None
+    every = _checkpoint_every(args, placement.run_dir is not None)
     return JobConfig(
         script=args.script,
         script_args=script_args,
@@ -239,6 +262,8 @@ def config_from_args(
         health_poll=_health_poll(args.health_poll),
         drain_stragglers=args.drain_stragglers,
         health_policy=policy,
+        checkpoint_dir=args.checkpoint_dir,
+        checkpoint_every=every,
     )
 
 
@@ -249,6 +274,38 @@ def _health_poll(seconds: float | None) -> float:
     if not (math.isfinite(seconds) and seconds >= 0):
         raise SystemExit(f"torchrelay run: --health-poll must be seconds >= 0, not {seconds}")
     return seconds
+
+
+def _checkpoint_every(args: argparse.Namespace, run_dir_given: bool) -> Every | None:
+    """``--checkpoint-every`` parsed; the checkpoint flags checked together; else one line."""
+    if (args.checkpoint_dir is None) != (args.checkpoint_every is None):
+        raise SystemExit("torchrelay run: --checkpoint-dir and --checkpoint-every go together")
+    if args.resume and (args.checkpoint_dir is None or not run_dir_given):
+        raise SystemExit(
+            "torchrelay run: --resume needs the job's --run-dir and --checkpoint-dir (the same "
+            "command as before, plus --resume)"
+        )
+    if args.checkpoint_every is None:
+        return None
+    try:
+        return parse_every(args.checkpoint_every)
+    except CheckpointError as exc:
+        raise SystemExit(f"torchrelay run: {exc}") from None
+
+
+def _choose_resume(config: JobConfig) -> Choice:
+    """``--resume``: the newest verified checkpoint; newer refused ones in one line each."""
+    from torchrelay.agent.resume import choose_for_resume
+
+    assert config.checkpoint_dir is not None
+    try:
+        choice = choose_for_resume(config.checkpoint_dir, config.world_size)
+    except CheckpointError as exc:
+        raise SystemExit(f"torchrelay run: {exc}") from None
+    for line in choice.skipped:
+        print(f"torchrelay: checkpoint {line}", file=sys.stderr, flush=True)
+    print(f"torchrelay: resuming from {choice.directory}", file=sys.stderr, flush=True)
+    return choice
 
 
 def _check_durations(args: argparse.Namespace) -> None:
@@ -290,11 +347,16 @@ def run(args: argparse.Namespace) -> int:
     if not Path(config.script).is_file():
         raise SystemExit(f"torchrelay run: script {config.script!r} not found")
     _check_state_store(config.state)
+    if args.resume:
+        config.resume = _choose_resume(config)
     # torch loads here, once the arguments are known to be good: `torchrelay --help`, the
     # operator commands and a mistyped flag never pay for it.
+    from torchrelay.agent.fallback import next_attempt, resume_hint
     from torchrelay.agent.launcher import control_port, job_token, launch
     from torchrelay.agent.remote import RemoteNode
+    from torchrelay.agent.rundir import LEDGER
     from torchrelay.agent.signals import exit_status
+    from torchrelay.events import read_events
 
     if config.node_rank > 0:
         token = job_token(config)  # checked first: a refused node leaves no directory behind
@@ -308,6 +370,17 @@ def run(args: argparse.Namespace) -> int:
         control = f"{config.master_addr}:{control_port(config)}"
         return RemoteNode(config, control, token).run()
     outcome = launch(config)
+    while (
+        again := next_attempt(config, outcome, read_events(config.run_dir / LEDGER))
+    ) is not None:
+        config = again
+        assert config.resume is not None and config.resume.manifest is not None
+        print(
+            f"torchrelay: {outcome['reason']}; restarting every worker from checkpoint step "
+            f"{config.resume.manifest.step} ({config.resume.directory})",
+            flush=True,
+        )
+        outcome = launch(config)
     print(render_text(summarize(config.run_dir)), flush=True)
     if outcome["status"] == "terminated":
         print(f"torchrelay: job terminated by {outcome['signal']}", flush=True)
@@ -316,5 +389,9 @@ def run(args: argparse.Namespace) -> int:
         if outcome.get("traceback"):
             print(outcome["traceback"], flush=True)
         print(f"torchrelay: job failed: {outcome['reason']}", flush=True)
+        hint = resume_hint(config, sys.argv[1:])
+        # A resume that failed before its first step would only be told to resume again.
+        if hint is not None and (config.resume is None or outcome.get("steps_committed")):
+            print(hint, flush=True)
         return 1
     return 0

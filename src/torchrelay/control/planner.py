@@ -66,6 +66,11 @@ def choose_replacements(
     return chosen
 
 
+NO_LIVE_REPLICA = "no live replica survives"
+"""How a failure that live recovery cannot cure begins (the launcher falls back to a durable
+checkpoint on it, see agent/fallback.py)."""
+
+
 def plan_recovery(
     generation: int,
     assignments: dict[int, str],
@@ -91,7 +96,7 @@ def plan_recovery(
     stale = tuple(slot for slot in committed if slot in invalid and slot not in replacements)
     if not survivors:
         raise PlanningError(
-            "no live replica survives: every slot failed, so there is no source for the state "
+            f"{NO_LIVE_REPLICA}: every slot failed, so there is no source for the state "
             "(live recovery needs at least one healthy data-parallel replica)"
         )
     target = max(survivors.values())

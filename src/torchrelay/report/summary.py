@@ -11,8 +11,10 @@ from typing import Any
 
 from torchrelay.events import (
     ChaosFired,
+    CheckpointSaved,
     Event,
     Failure,
+    FallbackRestart,
     FencedRefused,
     HandoverDone,
     HangDetected,
@@ -21,6 +23,7 @@ from torchrelay.events import (
     RecoveryAbandoned,
     RecoveryDone,
     Rejected,
+    Resumed,
     Straggler,
     read_events,
 )
@@ -90,6 +93,30 @@ def summarize(run_dir: Path) -> dict[str, Any]:
             if isinstance(e, HandoverDone)
         ],
         "hangs_detected": sum(1 for e in events if isinstance(e, HangDetected)),
+        "checkpoints_saved": sum(1 for e in events if isinstance(e, CheckpointSaved)),
+        # Each resume from a durable checkpoint: an outage that is not zero-loss.
+        "resumes": [
+            {
+                "from_step": e.from_step,
+                "checkpoint": e.checkpoint,
+                "steps_replayed": e.steps_replayed,
+                "outage_seconds": e.outage_seconds,
+                "skipped": list(e.skipped),
+            }
+            for e in events
+            if isinstance(e, Resumed)
+        ],
+        # Each restart from a checkpoint when no live replica survived (not zero-loss either).
+        "fallback_restarts": [
+            {
+                "from_step": e.from_step,
+                "checkpoint": e.checkpoint,
+                "steps_lost": e.steps_lost,
+                "reason": e.reason,
+            }
+            for e in events
+            if isinstance(e, FallbackRestart)
+        ],
         "refused_messages": sum(1 for e in events if isinstance(e, FencedRefused))
         + _rejected(events, end),
     }
@@ -149,6 +176,22 @@ def render_text(summary: dict[str, Any]) -> str:
         f"  failures: {len(failures)}   recovered: {summary['recovered']}   "
         f"zero-loss recoveries: {summary['zero_loss_recoveries']}/{len(failures)}",
     ]
+    for r in summary.get("resumes", []):
+        outage = (
+            ""
+            if r["outage_seconds"] is None
+            else f" after an outage of {r['outage_seconds']:.1f} s"
+        )
+        lines.append(
+            f"  - resumed{outage} from checkpoint step {r['from_step']} ({r['checkpoint']}): "
+            f"{r['steps_replayed']} step(s) replayed, not zero-loss"
+        )
+        lines += [f"      skipped {why}" for why in r["skipped"]]
+    for r in summary.get("fallback_restarts", []):
+        lines.append(
+            f"  - no live replica survived: every worker restarted from checkpoint step "
+            f"{r['from_step']} ({r['checkpoint']}), {r['steps_lost']} step(s) lost"
+        )
     for f in failures:
         who = "all ranks" if f["rank"] is None else f"rank {f['rank']}"
         head = f"  - {who} step {f['step']}: {f['cause']} ({f['detected_by']})"

@@ -8,6 +8,8 @@ A worker runs ordinary DDP code; ``Relay`` adds the few things live recovery nee
   only if all its collectives succeeded, and otherwise drops it and recovers before going on;
 - replicated state checked for agreement across ranks, and rank-local state mirrored to every
   peer (:mod:`replicas`);
+- durable checkpoints of the tracked state with ``--checkpoint-dir``, and the load of one on
+  ``--resume`` (:mod:`checkpoint`);
 - the receiving and sending side of the state transfer (:mod:`recovery`), the control-plane
   link (:mod:`control_link`) and chaos injection (:mod:`chaos_inject`), mixed in from their
   own modules.
@@ -40,6 +42,7 @@ from torchrelay.control.endpoint import failover_for
 from torchrelay.control.protocol import JoinAnswer, MaxSteps, Message, Report
 from torchrelay.runtime import default_group
 from torchrelay.runtime.chaos_inject import ChaosInjection
+from torchrelay.runtime.checkpoint import Checkpointer, resume_from_environ
 from torchrelay.runtime.control_link import ControlLink, install_excepthook
 from torchrelay.runtime.data import (
     loader_steps_per_epoch,
@@ -95,6 +98,12 @@ class Relay(ControlLink, Recovery, ChaosInjection):
         self._state_valid = self.rank is not None  # a spare holds no state worth sending
         self._retired: list[dist.ProcessGroup] = []
         self.timer = StepTimer()
+        self.checkpoints = Checkpointer.from_environ(
+            env.world_size,
+            lambda: self._store,
+            lambda: self.generation,
+            lambda line: self._warn(line, "checkpoint_failed"),
+        )
         default_group.install(self.process_group, dist.PrefixStore("default_pg", self._store))
         seed_all(seed, SETUP_STEP, 0)
         # Heartbeats start before the first rendezvous: waiting for slow peers is not a hang.
@@ -191,7 +200,9 @@ class Relay(ControlLink, Recovery, ChaosInjection):
 
         ``start_step`` starts a fresh job at that step (a script resuming from its own
         snapshot: ``epochs_run * relay.steps_per_epoch``); every rank must pass the same one
-        (checked at the first step). A spare ignores it: it resumes where its slot is.
+        (checked at the first step). A spare ignores it: it resumes where its slot is. A job
+        started by ``torchrelay run --resume`` loads its durable checkpoint of step ``S`` here
+        and starts at ``S + 1`` (see :mod:`torchrelay.runtime.checkpoint`).
         """
         self.steps_per_epoch = self._epoch_length(dataset, batch_size)
         # The controller refuses any step claim beyond it (and a rank that disagrees).
@@ -206,13 +217,16 @@ class Relay(ControlLink, Recovery, ChaosInjection):
                     flush=True,
                 )
             self._await_assignment()
-        elif self.committed < start_step - 1:
-            self.committed = start_step - 1
+        else:  # a job resumed by `torchrelay run --resume` starts after its checkpoint
+            resumed = resume_from_environ(self.rank, self.tracked, self.local)  # type: ignore[arg-type]
+            self.committed = max(self.committed, start_step - 1, resumed)
         batches: Iterator[Any] | None = None
         while True:
             step = self.committed + 1
             if step >= max_steps:
                 if self._finish():
+                    if self.checkpoints is not None:
+                        self.checkpoints.close()
                     return
                 batches = None
                 continue
@@ -255,6 +269,8 @@ class Relay(ControlLink, Recovery, ChaosInjection):
             if self.local is not None:
                 self.local.commit(True)
             self.timer.commit()
+            if self.checkpoints is not None:
+                self.checkpoints.after_commit(step, self.rank, self.tracked, self.local)  # type: ignore[arg-type]
             self._report_resumed()
             if not self.guard.poisoned and self._agreement.due(self.generation):
                 self._check_agreement(step)
