@@ -9,8 +9,9 @@ renamed only once every rank's part is written and the manifest describes every 
     step-S/part-R/            rank R's ``track(local=...)`` state (none without local state)
 
 Each part is a ``torch.distributed.checkpoint`` directory of tensors plus ``tree.json``, the
-state's structure in the transfer schema (JSON, never pickle), written by one rank. A
-directory without a manifest, or whose files do not match it, is never loaded.
+state's structure in the transfer schema (JSON; DCP's own ``.metadata`` index is a pickle, see
+docs/checkpoints.md, Limits), written by one rank. A directory without a manifest, or whose
+files do not match it, is never loaded.
 Pure: no torch, no processes.
 """
 
