@@ -227,6 +227,7 @@ def test_time_based_checkpoints_are_taken_at_one_step_on_every_rank(tmp_path):
     assert job.returncode == 0, job.output
     saved = [e for e in job.ledger() if e["event"] == "checkpoint"]
     assert saved and layout.complete_steps(ckpt)
+    key = (tmp_path / "run" / layout.KEY_FILE).read_text()
     for step in layout.complete_steps(ckpt):
-        assert layout.verify(layout.step_dir(ckpt, step)).world_size == 3
+        assert layout.verify(layout.step_dir(ckpt, step), key).world_size == 3
     assert not [e for e in job.ledger() if e["event"] == "warning"]

@@ -33,6 +33,12 @@ from torchrelay.runtime.tracked import TrackedState
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is:UserWarning")
 
 
+@pytest.fixture(autouse=True)
+def job_key(monkeypatch):
+    """The key the launcher would hand its processes (manifests are signed with it)."""
+    monkeypatch.setenv(layout.KEY_ENV, "0" * 64)
+
+
 # ------------------------------------------------------------------ --checkpoint-every
 @pytest.mark.parametrize(
     ("text", "every"),
@@ -103,6 +109,15 @@ def test_a_published_checkpoint_verifies(tmp_path):
     assert not layout.tmp_dir(tmp_path, 9).exists()
 
 
+def _resign(directory: Path, key: str, step: int | None = None) -> None:
+    """Rewrite the manifest signed with ``key``; with ``step``, edit it after signing."""
+    manifest = layout.Manifest.read(directory)
+    text = manifest.to_json(key)
+    if step is not None:
+        text = text.replace(f'"step": {manifest.step}', f'"step": {step}')
+    (directory / layout.MANIFEST).write_text(text)
+
+
 @pytest.mark.parametrize(
     ("damage", "error"),
     [
@@ -110,16 +125,36 @@ def test_a_published_checkpoint_verifies(tmp_path):
         (lambda d: (d / "part-0/data.distcp").write_bytes(b"x" * 1000), "does not match its"),
         (lambda d: (d / "part-0/tree.json").unlink(), "tree.json is missing"),
         (lambda d: (d / layout.MANIFEST).unlink(), "unreadable manifest"),
-        (lambda d: (d / layout.MANIFEST).write_text('{"format": 1}'), "unreadable manifest"),
-        (lambda d: (d / layout.MANIFEST).write_text('{"format": 7}'), "unknown manifest format"),
+        (lambda d: (d / layout.MANIFEST).write_text('{"format": 1}'), "not signed"),
+        (lambda d: (d / layout.MANIFEST).write_text('{"format": 7}'), "not signed"),
+        (lambda d: _resign(d, "another job's key"), "not signed with this job's"),
+        (lambda d: _resign(d, "0" * 64, step=5), "not signed with this job's"),
     ],
-    ids=["truncated", "changed", "missing-file", "no-manifest", "bad-manifest", "newer-format"],
+    ids=[
+        "truncated",
+        "changed",
+        "missing-file",
+        "no-manifest",
+        "bad-manifest",
+        "newer-format",
+        "other-key",
+        "edited",
+    ],
 )
 def test_a_damaged_checkpoint_is_refused_naming_the_problem(tmp_path, damage, error):
     directory = fake_checkpoint(tmp_path, 4)
     damage(directory)
     with pytest.raises(layout.CheckpointError, match=error):
         layout.verify(directory)
+
+
+def test_a_single_node_job_keeps_its_key_in_its_run_directory_and_finds_it_again(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "other").mkdir()
+    key = layout.job_key(tmp_path / "run", nnodes=1)
+    assert layout.job_key(tmp_path / "run", nnodes=1) == key and len(key) == 64
+    assert (tmp_path / "run" / layout.KEY_FILE).stat().st_mode & 0o777 == 0o600
+    assert layout.job_key(tmp_path / "other", nnodes=1) != key
 
 
 def test_the_newest_complete_verified_checkpoint_is_chosen(tmp_path):

@@ -3,29 +3,37 @@
 A checkpoint of step ``S`` is a directory ``DIR/step-S``, written as ``DIR/step-S.tmp`` and
 renamed only once every rank's part is written and the manifest describes every file::
 
-    step-S/manifest.json      step, world size, model fingerprint, size + xxHash3-128 per file
+    step-S/manifest.json      step, world size, model fingerprint, size + SHA-256 per file,
+                              signed (HMAC-SHA256) with the job's checkpoint key
     step-S/part-0/            the tracked (replicated) state, written by rank 0 only, and
                               rank 0's ``track(local=...)`` state
     step-S/part-R/            rank R's ``track(local=...)`` state (none without local state)
 
 Each part is a ``torch.distributed.checkpoint`` directory of tensors plus ``tree.json``, the
-state's structure in the transfer schema (JSON; DCP's own ``.metadata`` index is a pickle, see
-docs/checkpoints.md, Limits), written by one rank. A directory without a manifest, or whose
-files do not match it, is never loaded.
+state's structure in the transfer schema (JSON), written by one rank. DCP keeps its own index
+of a part (``.metadata``) as a pickle, which loading unpickles: so nothing is loaded unless the
+manifest's signature holds and every file matches its SHA-256 -- a directory another job or a
+person wrote, or one damaged, is refused before any of its bytes are parsed.
+
+The key (:func:`job_key`) is derived from the job's shared secret on several nodes (the same
+on every node, and again when the job is resumed with the same secret); a job of one node
+keeps a random one in its run directory (owner-only), where ``--resume`` finds it again. The
+launcher puts it in the environment (:data:`KEY_ENV`) that its processes inherit.
 Pure: no torch, no processes.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import re
+import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import xxhash
 
 FORMAT = 1
 MANIFEST = "manifest.json"
@@ -38,6 +46,7 @@ DIR_ENV, EVERY_ENV, RESUME_ENV = (
     "TORCHRELAY_CHECKPOINT_EVERY",
     "TORCHRELAY_RESUME_FROM",
 )
+KEY_ENV, KEY_FILE = "TORCHRELAY_CHECKPOINT_KEY", "checkpoint.key"
 _NAME = re.compile(r"^step-(\d+)$")
 _EVERY = re.compile(r"^(\d+)([sm]?)$")
 
@@ -100,8 +109,48 @@ def tmp_step(path: Path) -> int | None:
     return int(match.group(1)) if match and path.name.endswith(TMP_SUFFIX) else None
 
 
+def job_key(run_dir: Path, nnodes: int, create: bool = True) -> str:
+    """The key that signs this job's manifests (see the module doc); on one node, made in
+    ``run_dir`` (which must exist) unless it is there already, or -- ``create`` False, for
+    ``--resume`` -- only read. Raises :class:`CheckpointError` with one line."""
+    if nnodes > 1:
+        secret = os.environ.get("TORCHRELAY_JOB_TOKEN", "")
+        return hmac.new(secret.encode(), b"torchrelay checkpoint manifests", "sha256").hexdigest()
+    path = run_dir / KEY_FILE
+    try:
+        if not create:
+            raise FileExistsError
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        try:
+            return path.read_text().strip()
+        except OSError as exc:
+            raise CheckpointError(
+                f"cannot read the checkpoint key {path} ({exc.strerror or exc}): the "
+                "checkpoints can be resumed only with the run directory that wrote them"
+            ) from None
+    except OSError as exc:
+        raise CheckpointError(f"cannot make the checkpoint key {path}: {exc}") from None
+    key = secrets.token_hex(32)
+    with os.fdopen(fd, "w") as file:
+        file.write(key)
+    return key
+
+
+def _key(key: str | None) -> str:
+    found = key if key is not None else os.environ.get(KEY_ENV)
+    if not found:
+        raise CheckpointError(f"no checkpoint key (${KEY_ENV}): start the job with torchrelay run")
+    return found
+
+
+def _sign(body: dict[str, Any], key: str) -> str:
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    return hmac.new(key.encode(), canonical, hashlib.sha256).hexdigest()
+
+
 def file_digest(path: Path) -> str:
-    hasher = xxhash.xxh3_128()
+    hasher = hashlib.sha256()
     with path.open("rb") as file:
         while chunk := file.read(1 << 22):
             hasher.update(chunk)
@@ -114,7 +163,7 @@ def describe_files(directory: Path) -> dict[str, dict[str, Any]]:
     for path in sorted(p for p in directory.rglob("*") if p.is_file()):
         relative = path.relative_to(directory).as_posix()
         if relative != MANIFEST:
-            files[relative] = {"size": path.stat().st_size, "xxh3_128": file_digest(path)}
+            files[relative] = {"size": path.stat().st_size, "sha256": file_digest(path)}
     return files
 
 
@@ -125,22 +174,28 @@ class Manifest:
     fingerprint: dict[str, Any]
     files: dict[str, dict[str, Any]]
 
-    def to_json(self) -> str:
-        return json.dumps(
-            {
-                "format": FORMAT,
-                "step": self.step,
-                "world_size": self.world_size,
-                "fingerprint": self.fingerprint,
-                "files": self.files,
-            },
-            indent=1,
-        )
+    def to_json(self, key: str | None = None) -> str:
+        """The manifest, signed with ``key`` (default: the job's, from the environment)."""
+        body = {
+            "format": FORMAT,
+            "step": self.step,
+            "world_size": self.world_size,
+            "fingerprint": self.fingerprint,
+            "files": self.files,
+        }
+        return json.dumps({**body, "mac": _sign(body, _key(key))}, indent=1)
 
     @classmethod
-    def read(cls, directory: Path) -> Manifest:
+    def read(cls, directory: Path, key: str | None = None) -> Manifest:
+        """The manifest of ``directory`` once its signature holds; else :class:`CheckpointError`."""
         try:
             data = json.loads((directory / MANIFEST).read_text())
+            mac = data.pop("mac", "") if isinstance(data, dict) else ""
+            if not hmac.compare_digest(str(mac), _sign(data, _key(key))):
+                raise CheckpointError(
+                    f"{directory}: its manifest is not signed with this job's checkpoint key "
+                    "(written by another job, or changed since): refused"
+                )
             if data.get("format") != FORMAT:
                 raise CheckpointError(f"{directory}: unknown manifest format {data.get('format')}")
             return cls(
@@ -155,11 +210,12 @@ class Manifest:
             raise CheckpointError(f"{directory}: unreadable manifest ({exc})") from None
 
 
-def write_manifest(tmp: Path, manifest: Manifest) -> None:
-    """Write the manifest durably (fsync of the file, then of the directory)."""
+def write_manifest(tmp: Path, manifest: Manifest, key: str | None = None) -> None:
+    """Write the manifest, signed, durably (fsync of the file, then of the directory)."""
     path = tmp / MANIFEST
+    text = manifest.to_json(key)
     with path.open("w", encoding="utf-8") as file:
-        file.write(manifest.to_json())
+        file.write(text)
         file.flush()
         os.fsync(file.fileno())
     _fsync_dir(tmp)
@@ -182,11 +238,11 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def verify(directory: Path) -> Manifest:
-    """The manifest of a complete checkpoint whose files all match it; else
-    :class:`CheckpointError` naming the first problem (missing manifest, missing, truncated or
-    changed file)."""
-    manifest = Manifest.read(directory)
+def verify(directory: Path, key: str | None = None) -> Manifest:
+    """The manifest of a complete checkpoint, signed with the job's key, whose files all match
+    it; else :class:`CheckpointError` naming the first problem (missing or unsigned manifest,
+    missing, truncated or changed file)."""
+    manifest = Manifest.read(directory, key)
     for relative, expected in manifest.files.items():
         path = directory / relative
         if not path.is_file():
@@ -195,7 +251,7 @@ def verify(directory: Path) -> Manifest:
         if size != expected.get("size"):
             wanted = expected.get("size")
             raise CheckpointError(f"{directory}: {relative} has {size} bytes, not {wanted}")
-        if file_digest(path) != expected.get("xxh3_128"):
+        if file_digest(path) != expected.get("sha256"):
             raise CheckpointError(f"{directory}: {relative} does not match its checksum")
     return manifest
 

@@ -25,6 +25,7 @@ from torchrelay.agent.resume import (
 )
 from torchrelay.agent.rundir import RunDirError, claim_run_dir, create_exclusive
 from torchrelay.agent.signals import ALONGSIDE, STOP_SIGNALS, StopSignals
+from torchrelay.checkpoints import KEY_ENV, CheckpointError, job_key
 from torchrelay.config import JobConfig
 from torchrelay.control.controller import Controller
 from torchrelay.control.endpoint import Endpoint
@@ -61,6 +62,9 @@ class Launch:
             else:
                 ledger = claim_run_dir(config.run_dir)
                 self._lock = hold(ledger)  # a --resume of this directory waits for its end
+            if config.checkpoint_dir is not None and KEY_ENV not in os.environ:
+                # Signs the checkpoints' manifests; the workers inherit it (configure).
+                os.environ[KEY_ENV] = job_key(config.run_dir, config.nnodes)
         except BaseException:
             self.observation.stop()
             self._give_up_lead()
@@ -223,4 +227,6 @@ def launch(config: JobConfig) -> dict[str, Any]:
         raise SystemExit(f"torchrelay run: {exc}") from None
     except StoreError as exc:
         raise SystemExit(f"torchrelay run: --state {config.state}: {exc}") from None
+    except CheckpointError as exc:
+        raise SystemExit(f"torchrelay run: {exc}") from None
     return job.run()

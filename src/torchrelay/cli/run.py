@@ -12,7 +12,7 @@ from pathlib import Path
 
 from torchrelay.agent.slurm import Placement, SlurmError, place, slurm_step
 from torchrelay.chaos import ChaosSpecError, parse_schedule
-from torchrelay.checkpoints import CheckpointError, Choice, Every, parse_every
+from torchrelay.cli.checkpoint_flags import checkpoint_every, choose_resume, export_key
 from torchrelay.config import JobConfig
 from torchrelay.control.store import StoreError, StoreSpec, open_backend, parse_store_url
 from torchrelay.health.policy import HealthPolicy, PolicyError, load_policy
@@ -239,7 +239,7 @@ def config_from_args(
         policy = HealthPolicy() if args.health_policy is None else load_policy(args.health_policy)
     except PolicyError as exc:
         raise SystemExit(f"torchrelay run: {exc}") from None
-    every = _checkpoint_every(args, placement.run_dir is not None)
+    every = checkpoint_every(args, placement.run_dir is not None)
     return JobConfig(
         script=args.script,
         script_args=script_args,
@@ -274,38 +274,6 @@ def _health_poll(seconds: float | None) -> float:
     if not (math.isfinite(seconds) and seconds >= 0):
         raise SystemExit(f"torchrelay run: --health-poll must be seconds >= 0, not {seconds}")
     return seconds
-
-
-def _checkpoint_every(args: argparse.Namespace, run_dir_given: bool) -> Every | None:
-    """``--checkpoint-every`` parsed; the checkpoint flags checked together; else one line."""
-    if (args.checkpoint_dir is None) != (args.checkpoint_every is None):
-        raise SystemExit("torchrelay run: --checkpoint-dir and --checkpoint-every go together")
-    if args.resume and (args.checkpoint_dir is None or not run_dir_given):
-        raise SystemExit(
-            "torchrelay run: --resume needs the job's --run-dir and --checkpoint-dir (the same "
-            "command as before, plus --resume)"
-        )
-    if args.checkpoint_every is None:
-        return None
-    try:
-        return parse_every(args.checkpoint_every)
-    except CheckpointError as exc:
-        raise SystemExit(f"torchrelay run: {exc}") from None
-
-
-def _choose_resume(config: JobConfig) -> Choice:
-    """``--resume``: the newest verified checkpoint; newer refused ones in one line each."""
-    from torchrelay.agent.resume import choose_for_resume
-
-    assert config.checkpoint_dir is not None
-    try:
-        choice = choose_for_resume(config.checkpoint_dir, config.world_size)
-    except CheckpointError as exc:
-        raise SystemExit(f"torchrelay run: {exc}") from None
-    for line in choice.skipped:
-        print(f"torchrelay: checkpoint {line}", file=sys.stderr, flush=True)
-    print(f"torchrelay: resuming from {choice.directory}", file=sys.stderr, flush=True)
-    return choice
 
 
 def _check_durations(args: argparse.Namespace) -> None:
@@ -347,8 +315,9 @@ def run(args: argparse.Namespace) -> int:
     if not Path(config.script).is_file():
         raise SystemExit(f"torchrelay run: script {config.script!r} not found")
     _check_state_store(config.state)
+    export_key(config, args.resume)
     if args.resume:
-        config.resume = _choose_resume(config)
+        config.resume = choose_resume(config)
     # torch loads here, once the arguments are known to be good: `torchrelay --help`, the
     # operator commands and a mistyped flag never pay for it.
     from torchrelay.agent.fallback import next_attempt, resume_hint

@@ -102,7 +102,7 @@ def load(directory: Path, rank: int, tracked: TrackedState, local: Any) -> int:
     """Load checkpoint ``directory`` into the tracked state (and ``local``'s rank ``rank``
     entry); return its step. :class:`~torchrelay.checkpoints.CheckpointError` (one line) if it
     was written by another model."""
-    manifest = layout.Manifest.read(directory)
+    manifest = layout.verify(directory)  # signed, every file as written: only then parsed
     layout.check_fingerprint(manifest.fingerprint, fingerprint(tracked, local), directory)
     state = _read_part(layout.part(directory, 0), "replicated")
     tracked.load(state, tracked.state())
