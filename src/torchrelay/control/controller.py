@@ -355,10 +355,9 @@ class Controller(Coordinator):
         """Hand the slot of process ``target``, or every slot of node ``target``, to spares
         at a step boundary (see :mod:`torchrelay.control.handover`)."""
         job, now = self.job, time.time()
-        member = job.members.get(target)
         slots = [m.slot for m in job.slot_members() if target in (m.node, m.process)]
         if not slots:
             raise ProtocolError(f"{target} holds no slot (processes and nodes can be drained)")
         reason = f"drain of {target} asked by an operator"
         self._apply(handover.request(job, slots, reason, now, now))  # type: ignore[arg-type]
-        return {"drain": target, "slots": slots, "node": member.node if member else target}
+        return {"drain": target, "slots": slots}
