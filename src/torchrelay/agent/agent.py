@@ -29,6 +29,8 @@ from torchrelay.config import JobConfig
 from torchrelay.health import quarantine
 from torchrelay.health.poller import HealthPoller, node_sources
 from torchrelay.health.readings import Reading
+from torchrelay.transparent import cloner, criu
+from torchrelay.transparent.park import Channel, Instruction, Notice
 
 ExitCallback = Callable[[str, int], None]
 
@@ -57,6 +59,11 @@ class NodeAgent:
         self._local_index: dict[str, int] = {}  # LOCAL_RANK (the GPU, on GPU nodes) by process
         self._stopping = False
         self._health: HealthPoller | None = None
+        # Transparent mode: each process's park channel, the park it waits in, and the
+        # originals of migrations under way (their death is the move, not a failure).
+        self._parks: dict[str, Channel] = {}
+        self._notices: dict[str, Notice] = {}
+        self._moving: dict[str, subprocess.Popen[bytes]] = {}
         self.log_dir = config.run_dir / "logs"
         self.log_dir.mkdir(parents=True, exist_ok=True)
 
@@ -127,15 +134,27 @@ class NodeAgent:
             "TORCHRELAY_NODE": self.node,
         }
         command = [sys.executable, "-u", self.config.script, *self.config.script_args]
-        proc = spawn(
-            command,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
+        channel = Channel.open() if self.config.transparent else None
+        try:
+            proc = spawn(
+                command,
+                env={**env, **(channel.environment() if channel else {})},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                pass_fds=channel.child_fds if channel else (),
+            )
+        finally:
+            if channel is not None:
+                channel.close_child_ends()
+        self._adopt(process, proc, channel)
+
+    def _adopt(self, process: str, proc: subprocess.Popen[bytes], channel: Channel | None) -> None:
+        """Own ``proc`` as ``process``: its output, its exit, its signals."""
         with self._lock:
             self._procs[process] = proc
+            if channel is not None:
+                self._parks[process] = channel
             if self._stopping:  # stop_all() ran while it was being started
                 signal_group(proc.pid, signal.SIGKILL)
         thread = threading.Thread(
@@ -153,7 +172,10 @@ class NodeAgent:
         # Its group outlives it if it left children behind (data loader workers): not for long.
         signal_group(proc.pid, signal.SIGKILL)
         pump.join(timeout=2.0)
-        self._on_exit(process, returncode)
+        with self._lock:
+            migrated = self._moving.get(process) is proc
+        if not migrated:
+            self._on_exit(process, returncode)
 
     def _pump(self, process: str, stream: IO[bytes]) -> None:
         with (self.log_dir / f"{process}.log").open("ab") as log:
@@ -169,6 +191,66 @@ class NodeAgent:
                             # `torchrelay run | head`: the reader left. Keep draining the pipe
                             # into the log, or the worker would block on a full pipe.
                             self._stdout_closed = True
+
+    # ------------------------------------------------------------------ transparent mode
+    def parked(self, process: str) -> Notice:
+        """Block until ``process`` parks at a step boundary (transparent mode); raise
+        :class:`~torchrelay.transparent.park.ParkError` if it exits first."""
+        notice = self._parks[process].wait_parked(self._token())
+        with self._lock:
+            self._notices[process] = notice
+        return notice
+
+    def instruct(self, process: str, instruction: Instruction) -> None:
+        """Release the parked ``process`` with ``instruction`` (it answers its last park)."""
+        with self._lock:
+            channel, notice = self._parks[process], self._notices.pop(process)
+        channel.instruct(notice, instruction, self._token())
+
+    def clone(self, donor: str, process: str) -> cloner.Clone:
+        """Copy the parked ``donor`` into a new job process named ``process``, parked too:
+        supervised, logged and prefixed like any other; release both with :meth:`instruct`.
+        CRIU errors propagate with the donor untouched (still parked)."""
+        copy = cloner.clone(self._parked_record(donor), self.config.run_dir)
+        with self._lock:
+            self._notices[process] = copy.notice
+        self._adopt(process, copy.process, copy.channel)
+        return copy
+
+    def migrate(self, process: str) -> cloner.Migrated:
+        """Move the parked ``process`` into a restored copy of itself, under the same name:
+        the original's death is the move, not a failure. A failed dump leaves it parked; a
+        failed restore reports its death like any other exit, then raises."""
+        parked = self._parked_record(process)
+        with self._lock:
+            original = self._procs[process]
+            # Its supervisor skips the exit of this Popen (see _supervise); kept afterwards.
+            self._moving[process] = original
+        try:
+            copy = cloner.migrate(parked, self.config.run_dir)
+        except criu.RestoreFailed:
+            self._on_exit(process, original.wait())  # it died with the dump
+            raise
+        except BaseException:
+            with self._lock:  # no dump: alive and parked, its exit is its own again
+                del self._moving[process]
+            raise
+        with self._lock:
+            self._notices[process] = copy.notice
+        self._adopt(process, copy.process, copy.channel)
+        return copy
+
+    def _parked_record(self, process: str) -> cloner.Parked:
+        with self._lock:
+            proc, channel, notice = (
+                self._procs[process],
+                self._parks[process],
+                self._notices[process],
+            )
+        return cloner.Parked(proc.pid, channel, notice)
+
+    def _token(self) -> str:
+        return self.environment["TORCHRELAY_TOKEN"]
 
     # ------------------------------------------------------------------ fence / stop
     def pid(self, process: str) -> int | None:

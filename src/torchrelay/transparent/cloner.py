@@ -11,8 +11,8 @@ with it), whose exit status is the copy's, whose output pipe is :attr:`Clone.pro
 
 Both return while the copy (and a clone's donor) still wait in :func:`park.wait`: the caller
 answers each with :meth:`park.Channel.instruct` -- the donor ``CONTINUE``, the copy ``BECOME``
-or ``CONTINUE``. The images are written under ``RUN_DIR/snapshots`` and removed once restored
-(CRIU's logs too, unless it failed: a :class:`CriuError` names the log it keeps).
+or ``CONTINUE``. The images are written under ``RUN_DIR/snapshots`` and removed whatever
+happens; CRIU's logs too, unless it failed (a :class:`criu.CriuError` names the log it keeps).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def clone(donor: Parked, run_dir: Path) -> Clone:
     """Copy the parked ``donor`` into a new process; the donor stays parked.
 
     Raises :class:`criu.CriuUnavailable` or :class:`criu.CriuError` (the donor is untouched
-    then: answer it ``CONTINUE``).
+    then, still parked: answer it ``CONTINUE``).
     """
     return _copy(donor, run_dir, leave_running=True)
 
@@ -71,9 +71,9 @@ def clone(donor: Parked, run_dir: Path) -> Clone:
 def migrate(worker: Parked, run_dir: Path) -> Migrated:
     """Move the parked ``worker`` into a new process: dump it (CRIU kills it), restore it.
 
-    The caller must expect the original's death (SIGKILL) before calling. A failed dump leaves
-    the worker alive and parked; a failed restore leaves it dead, its images kept under
-    ``RUN_DIR/snapshots`` for inspection.
+    The caller must expect the original's death (SIGKILL) before calling. A failed dump
+    (:class:`criu.DumpFailed`) leaves the worker alive and parked; a failed restore
+    (:class:`criu.RestoreFailed`) leaves it dead.
     """
     return _copy(worker, run_dir, leave_running=False)
 
@@ -83,13 +83,13 @@ def _copy(parked: Parked, run_dir: Path, *, leave_running: bool) -> Clone:
     # The snapshot's outside pipes, named before the dump (after a migration's there is no pid).
     names = criu.fd_names(parked.pid, [1, 2, *parked.channel.child_fds])
     images = run_dir / "snapshots" / f"{parked.pid}-{time.time_ns()}"
-    stats = criu.dump(parked.pid, images, leave_running=leave_running, criu=tool)
     channel = Channel.open()
     replace = dict(zip(parked.channel.child_fds, channel.child_fds, strict=True))
-    # stdout and stderr share one pipe (the agent merges them): both become fd 1, our stdout.
-    # Only pipes are outside resources to replace: files are reopened by path.
+    # Only pipes are outside resources to replace (files are reopened by path); stdout and
+    # stderr share one pipe (the agent merges them): it becomes fd 1, the restore's stdout.
     inherit = {name: replace.get(fd, 1) for fd, name in names.items() if name.startswith("pipe:")}
     try:
+        stats = criu.dump(parked.pid, images, leave_running=leave_running, criu=tool)
         restored = criu.restore(
             images,
             fresh_pid_namespace=True,
@@ -103,7 +103,7 @@ def _copy(parked: Parked, run_dir: Path, *, leave_running: bool) -> Clone:
         raise
     finally:
         channel.close_child_ends()
-    shutil.rmtree(images, ignore_errors=True)
+        shutil.rmtree(images, ignore_errors=True)  # hundreds of MB: never left behind
     for log in (stats.log, restored.log):
         log.unlink(missing_ok=True)
     return Clone(

@@ -51,6 +51,14 @@ class CriuError(RuntimeError):
         self.log = log
 
 
+class DumpFailed(CriuError):
+    """``criu dump`` failed: CRIU resumed the process tree as it was."""
+
+
+class RestoreFailed(CriuError):
+    """``criu restore`` failed: nothing of the snapshot runs."""
+
+
 @dataclass(frozen=True)
 class Criu:
     path: str
@@ -138,7 +146,7 @@ def dump(pid: int, images_dir: Path, *, leave_running: bool, criu: Criu | None =
     done = subprocess.run(command, capture_output=True, timeout=600)
     seconds = time.monotonic() - started
     if done.returncode != 0:
-        raise CriuError(f"criu dump of pid {pid} failed: {_first_error(log)}; log: {log}", log)
+        raise DumpFailed(f"criu dump of pid {pid} failed: {_first_error(log)}; log: {log}", log)
     (images_dir / _META).write_text(json.dumps({"shell_job": shell_job, "pid": pid}))
     return DumpStats(images_dir, images_bytes(images_dir), seconds, log)
 
@@ -190,7 +198,7 @@ def restore(
     if "error" in outcome:
         process.kill()
         process.wait(timeout=timeout)
-        raise CriuError(
+        raise RestoreFailed(
             f"criu restore of {images_dir} failed: {_first_error(log)}; log: {log}", log
         )
     host_pid = _restored_host_pid(process.pid, fresh_pid_namespace)
