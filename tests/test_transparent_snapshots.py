@@ -16,8 +16,8 @@ import pytest
 
 from tests.jobs import SCRIPTS
 from tests.snapshots import TOKEN, output, require_criu, start_worker
-from torchrelay.transparent import cloner
-from torchrelay.transparent.park import Instruction, Kind
+from torchrelay.transparent import cloner, criu
+from torchrelay.transparent.park import Channel, Instruction, Kind
 
 pytestmark = pytest.mark.slow
 CONTINUE = Instruction(Kind.CONTINUE, generation=1)
@@ -108,3 +108,30 @@ def test_launcher_death_kills_its_clones(tmp_path: Path) -> None:
         if launcher.poll() is None:
             os.killpg(launcher.pid, signal.SIGKILL)
             launcher.wait()
+
+
+def test_restore_in_this_pid_namespace_takes_the_same_pid(tmp_path: Path) -> None:
+    """Without a fresh namespace (a restore where the PID is free: another host, or here once
+    the original is reaped) the process comes back under its own PID, its exit status intact."""
+    require_criu()
+    worker = start_worker("park_toy.py", "6", "3")
+    parked = worker.park()
+    names = criu.fd_names(parked.pid, [1, *worker.channel.child_fds])
+    stats = criu.dump(parked.pid, tmp_path / "images", leave_running=False)
+    assert worker.process.wait(timeout=60) == -signal.SIGKILL
+    channel = Channel.open()
+    old_fds, new_fds = worker.channel.child_fds, channel.child_fds
+    inherit = {names[1]: 1, names[old_fds[0]]: new_fds[0], names[old_fds[1]]: new_fds[1]}
+    restored = criu.restore(
+        stats.images_dir,
+        fresh_pid_namespace=False,
+        inherit_fds=inherit,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    channel.close_child_ends()
+    assert restored.pid == restored.ns_pid == parked.pid
+    channel.instruct(parked.notice, Instruction(Kind.BECOME, 2, slot=6), TOKEN)
+    lines, status = output(restored.process)
+    assert lines[0] == "instruction become 6" and status == 6
+    channel.close()

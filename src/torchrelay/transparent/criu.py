@@ -170,7 +170,7 @@ def restore(
     ``inherit_fds`` maps CRIU's name of an outside resource the snapshot held (``pipe:[123]``,
     see :func:`fd_names`) to the fd that replaces it: an fd of this process, passed on under the
     same number, or 1/2 with ``stdout``/``stderr`` in ``popen``. ``fresh_pid_namespace``
-    restores under ``unshare --pid``, so the snapshot's PIDs may still be in use here (a clone).
+    restores in a new PID namespace, so the snapshot's PIDs may still be in use here (a clone).
     """
     criu = criu or find_criu()
     meta = json.loads((images_dir / _META).read_text())
@@ -180,10 +180,8 @@ def restore(
     for name, fd in inherit_fds.items():
         command += ["--inherit-fd", f"fd[{fd}]:{name}"]
     report_r, report_w = os.pipe()
-    wrapper = [sys.executable, "-I", "-S", str(NSINIT), str(report_w), *command]
-    if fresh_pid_namespace:
-        unshare = shutil.which("unshare") or "/usr/bin/unshare"
-        wrapper = [unshare, "--pid", "--fork", "--mount-proc", "--kill-child=SIGKILL", *wrapper]
+    fresh = str(int(fresh_pid_namespace))
+    wrapper = [sys.executable, "-I", "-S", str(NSINIT), str(report_w), fresh, *command]
     passed = sorted({fd for fd in inherit_fds.values() if fd > 2} | {report_w})
     try:
         process = spawn(wrapper, pass_fds=passed, stdin=subprocess.DEVNULL, **popen)
@@ -211,7 +209,7 @@ def fd_names(pid: int, fds: list[int]) -> dict[int, str]:
 
 
 def _restored_host_pid(wrapper: int, fresh_pid_namespace: bool) -> int:
-    # wrapper -> (unshare's forked child ->) nsinit -> restored root, once criu has exited.
+    # nsinit -> (the namespace's init, its child ->) restored root, once criu has exited.
     nsinit = _only_child(wrapper) if fresh_pid_namespace else wrapper
     return _only_child(nsinit)
 
