@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -135,3 +136,37 @@ def test_restore_in_this_pid_namespace_takes_the_same_pid(tmp_path: Path) -> Non
     lines, status = output(restored.process)
     assert lines[0] == "instruction become 6" and status == 6
     channel.close()
+
+
+def test_a_failed_dump_is_one_line_and_leaves_the_process_running(tmp_path: Path) -> None:
+    """A process holding a TCP connection cannot be dumped (no --tcp-established: the hook
+    closes every socket before it parks): one line naming CRIU's log, the process untouched."""
+    require_criu()
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        holder = subprocess.Popen(
+            [sys.executable, "-c", HOLD_CONNECTION, str(port)],
+            stdout=subprocess.PIPE,
+            start_new_session=True,
+        )
+        try:
+            peer, _ = server.accept()
+            with pytest.raises(criu.DumpFailed) as failed:
+                criu.dump(holder.pid, tmp_path / "images", leave_running=True)
+            message = str(failed.value)
+            assert "\n" not in message and message.endswith(f"log: {failed.value.log}")
+            assert "TCP" in message and failed.value.log.exists()
+            peer.sendall(b"x")  # still running: it answers
+            assert holder.stdout is not None and holder.stdout.readline() == b"alive\n"
+            peer.close()
+        finally:
+            holder.kill()
+            holder.wait()
+
+
+HOLD_CONNECTION = """
+import socket, sys
+conn = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+conn.recv(1)
+print("alive", flush=True)
+"""
