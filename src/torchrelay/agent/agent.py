@@ -158,13 +158,18 @@ class NodeAgent:
             if self._stopping:  # stop_all() ran while it was being started
                 signal_group(proc.pid, signal.SIGKILL)
         thread = threading.Thread(
-            target=self._supervise, args=(process, proc), name=f"agent-{process}", daemon=True
+            target=self._supervise,
+            args=(process, proc, channel),
+            name=f"agent-{process}",
+            daemon=True,
         )
         thread.start()
         self._threads.append(thread)
 
     # ------------------------------------------------------------------ watch
-    def _supervise(self, process: str, proc: subprocess.Popen[bytes]) -> None:
+    def _supervise(
+        self, process: str, proc: subprocess.Popen[bytes], channel: Channel | None
+    ) -> None:
         assert proc.stdout is not None
         pump = threading.Thread(target=self._pump, args=(process, proc.stdout), daemon=True)
         pump.start()
@@ -172,6 +177,8 @@ class NodeAgent:
         # Its group outlives it if it left children behind (data loader workers): not for long.
         signal_group(proc.pid, signal.SIGKILL)
         pump.join(timeout=2.0)
+        if channel is not None:
+            channel.close()  # its park pipes; a copy of it has pipes of its own
         with self._lock:
             migrated = self._moving.get(process) is proc
         if not migrated:
