@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import shutil
 import subprocess
 import sys
@@ -94,19 +95,30 @@ def _candidates() -> list[str]:
     return list(dict.fromkeys(path for path in found if path))
 
 
+def _run(command: list[str], timeout: float) -> subprocess.CompletedProcess[str] | str:
+    """``command``'s outcome, or why it did not run to its end (one line)."""
+    try:
+        return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    except OSError as exc:
+        return f"{command[0]}: {exc.strerror}"
+    except subprocess.TimeoutExpired:
+        return f"{command[0]} {command[1]}: no answer in {timeout:g} s"
+
+
 def _probe(path: str) -> Criu | str:
     """A usable CRIU at ``path``, or why it is not one."""
-    try:
-        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30)
-    except OSError as exc:
-        return f"{path}: {exc.strerror}"
+    out = _run([path, "--version"], 30)
+    if isinstance(out, str):
+        return out
     match = re.search(r"Version:\s*(\d+)\.(\d+)(\S*)", out.stdout)
     if match is None:
         return f"{path}: not CRIU (no version)"
     version = f"{match[1]}.{match[2]}{match[3]}"
     if (int(match[1]), int(match[2])) < MIN_VERSION:
         return f"{path} is CRIU {version}, older than {MIN_VERSION[0]}.{MIN_VERSION[1]}"
-    check = subprocess.run([path, "check"], capture_output=True, text=True, timeout=60)
+    check = _run([path, "check"], 60)
+    if isinstance(check, str):
+        return check
     if check.returncode != 0:
         lines = (check.stderr or check.stdout).strip().splitlines()
         return f"{path}: 'criu check' failed ({lines[-1] if lines else 'no output'})"
@@ -143,10 +155,11 @@ def dump(pid: int, images_dir: Path, *, leave_running: bool, criu: Criu | None =
     command = [criu.path, "dump", "-t", str(pid), "-D", str(images_dir), "-o", str(log)]
     command += ["--leave-running"] * leave_running + ["--shell-job"] * shell_job
     started = time.monotonic()
-    done = subprocess.run(command, capture_output=True, timeout=600)
+    done = _run(command, 600)  # killed on timeout: the tree, no longer traced, runs on
     seconds = time.monotonic() - started
-    if done.returncode != 0:
-        raise DumpFailed(f"criu dump of pid {pid} failed: {_first_error(log)}; log: {log}", log)
+    if isinstance(done, str) or done.returncode != 0:
+        why = done if isinstance(done, str) else _first_error(log)
+        raise DumpFailed(f"criu dump of pid {pid} failed: {why}; log: {log}", log)
     (images_dir / _META).write_text(json.dumps({"shell_job": shell_job, "pid": pid}))
     return DumpStats(images_dir, images_bytes(images_dir), seconds, log)
 
@@ -188,17 +201,18 @@ def restore(
     finally:
         os.close(report_w)
     with os.fdopen(report_r, "rb") as report:
-        line = report.readline()  # EOF without a line: the wrapper died before restoring
+        # One line, or EOF if the wrapper died first; nothing within ``timeout``: CRIU hangs.
+        ready, _, _ = select.select([report], [], [], timeout)
+        line = report.readline() if ready else b""
     try:
-        outcome = json.loads(line) if line else {"error": "restore wrapper exited"}
+        outcome = json.loads(line) if line else {"error": "no report"}
     except ValueError:
-        outcome = {"error": "unreadable restore report"}
+        outcome = {"error": "unreadable report"}
     if "error" in outcome:
-        process.kill()
-        process.wait(timeout=timeout)
-        raise RestoreFailed(
-            f"criu restore of {images_dir} failed: {_first_error(log)}; log: {log}", log
-        )
+        process.kill()  # its namespace's init, and all in it, die with it
+        process.wait()
+        why = _first_error(log) if ready else f"no answer in {timeout:g} s"
+        raise RestoreFailed(f"criu restore of {images_dir} failed: {why}; log: {log}", log)
     host_pid = _restored_host_pid(process.pid, fresh_pid_namespace)
     return Restored(process, host_pid, int(outcome["pid"]), float(outcome["seconds"]), log)
 
