@@ -214,6 +214,9 @@ def restore(
         why = _first_error(log) if ready else f"no answer in {timeout:g} s"
         raise RestoreFailed(f"criu restore of {images_dir} failed: {why}; log: {log}", log)
     host_pid = _restored_host_pid(process.pid, fresh_pid_namespace)
+    if host_pid is None:
+        process.wait()
+        raise RestoreFailed(f"the process restored from {images_dir} died at once", log)
     return Restored(process, host_pid, int(outcome["pid"]), float(outcome["seconds"]), log)
 
 
@@ -222,17 +225,18 @@ def fd_names(pid: int, fds: list[int]) -> dict[int, str]:
     return {fd: os.readlink(f"/proc/{pid}/fd/{fd}") for fd in fds}
 
 
-def _restored_host_pid(wrapper: int, fresh_pid_namespace: bool) -> int:
+def _restored_host_pid(wrapper: int, fresh_pid_namespace: bool) -> int | None:
     # nsinit -> (the namespace's init, its child ->) restored root, once criu has exited.
     nsinit = _only_child(wrapper) if fresh_pid_namespace else wrapper
-    return _only_child(nsinit)
+    return None if nsinit is None else _only_child(nsinit)
 
 
-def _only_child(pid: int) -> int:
-    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    if len(children) != 1:
-        raise RuntimeError(f"expected one child of pid {pid}, found {children}")
-    return int(children[0])
+def _only_child(pid: int) -> int | None:
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return None  # it has exited
+    return int(children[0]) if len(children) == 1 else None
 
 
 def _first_error(log: Path) -> str:
