@@ -34,7 +34,12 @@ def free_port() -> int:
 def worker_env(**extra: str) -> dict[str, str]:
     """The environment every child gets: one intra-op thread (2 cores, 2+ processes)."""
     env = dict(os.environ)
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO_ROOT), PYTHONUNBUFFERED="1", **extra)
+    env.update(
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=f"{REPO_ROOT / 'src'}{os.pathsep}{REPO_ROOT}",
+        PYTHONUNBUFFERED="1",
+        **extra,
+    )
     return env
 
 

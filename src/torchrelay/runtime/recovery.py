@@ -37,6 +37,7 @@ from torchrelay.runtime.env import RelayEnv
 from torchrelay.runtime.guard import GenerationAborted
 from torchrelay.runtime.replicas import LocalMirror
 from torchrelay.runtime.tracked import TrackedState
+from torchrelay.transfer.buffers import Prefault, publish_layout
 from torchrelay.transfer.engine import receive_state, schema_key, send_state
 
 KEY_POLL = datetime.timedelta(milliseconds=200)
@@ -61,6 +62,8 @@ class Recovery:
     _first_after_recovery: bool
     _state_valid: bool
     _retired: list[dist.ProcessGroup]
+    _prefault: Prefault | None
+    _layout_shared: int
 
     def _bind(self, generation: int, rank: int) -> None:
         self.guard.enter_generation(generation)
@@ -110,6 +113,9 @@ class Recovery:
         return message
 
     def _await_assignment(self) -> None:
+        # While it waits, the spare maps the memory it will receive into (transfer.buffers).
+        own = {"step": self.committed, "objects": self.tracked.state()}
+        self._prefault = Prefault(self._store_address, self.env.token, own, self.device)
         message = self._report_and_wait(Ready(), Plan, Finish)
         if not isinstance(message, Plan):
             self._closing.set()
@@ -140,6 +146,15 @@ class Recovery:
         self._closing.set()
         print("torchrelay: this process's slot was handed over; leaving", file=sys.stderr)
         raise SystemExit(0)
+
+    def _share_layout(self) -> None:
+        """At its first commit in a generation, rank 0 publishes the state's layout, which
+        waiting spares prepare their receive buffers from (see :mod:`torchrelay.transfer.buffers`).
+        """
+        if self.rank == 0 and self._layout_shared != self.generation:
+            self._layout_shared = self.generation
+            own = {"step": self.committed, "objects": self.tracked.state()}
+            publish_layout(self._store, self.env.token, own)
 
     def _report_resumed(self) -> None:
         """Once per recovery: the first committed step (or the end, if no step was left)."""
@@ -207,6 +222,8 @@ class Recovery:
         self._send(PhaseDone(phase="comm_ready", t=time.time()))
         self._maybe_fire("transfer", step=target + 1)
         own = self.tracked.state()
+        prepared = None if self._prefault is None else self._prefault.take()
+        self._prefault = None
         inner = self.process_group.inner
         assert inner is not None
         if slot in sources:
@@ -239,6 +256,7 @@ class Recovery:
                 progress=lambda total: (
                     ByteProgress(f"torchrelay: rank {slot} receiving state", total).add
                 ),
+                prepared=prepared,
             )
             self.tracked.load(result.state["objects"], own)
             self.committed = int(result.state["step"])

@@ -32,7 +32,15 @@ import xxhash
 
 from torchrelay.control.wire import WireError, seal, unseal
 from torchrelay.runtime.devices import comm_device
-from torchrelay.transfer.flatten import SchemaError, TensorSpec, as_bytes, flatten, unflatten
+from torchrelay.transfer.buffers import allocate, fits
+from torchrelay.transfer.flatten import (
+    Path,
+    SchemaError,
+    TensorSpec,
+    as_bytes,
+    flatten,
+    unflatten,
+)
 from torchrelay.transfer.stripes import Chunk, assign_stripes, chunk_size, split_chunks
 
 AfterEach = Callable[[int], None]
@@ -203,8 +211,11 @@ def receive_state(
     sources: list[int],
     wait: WaitAll = wait_plain,
     progress: Progress | None = None,
+    prepared: dict[Path, torch.Tensor] | None = None,
 ) -> TransferResult:
-    """Receive the full state from the sources; tensors land in ``own_state``'s where they fit.
+    """Receive the full state from the sources; tensors land in ``own_state``'s where they fit,
+    else in ``prepared``'s (by path; see :class:`torchrelay.transfer.buffers.Prefault`) where
+    they fit, else in new tensors.
 
     ``progress(total)``, if given, is made once the size is known and its result is called with
     each chunk's bytes as the chunk lands (see :class:`torchrelay.progress.ByteProgress`).
@@ -218,7 +229,10 @@ def receive_state(
     _, own_tensors, own_specs = flatten(own_state)
     own = {spec.path: t for spec, t in zip(own_specs, own_tensors, strict=True)}
     device = comm_device(pg)
-    targets = [_target_for(spec, own.get(spec.path), device) for spec in specs]
+    prepared = prepared or {}
+    targets = [
+        _target(spec, [own.get(spec.path), prepared.get(spec.path)], device) for spec in specs
+    ]
     views = [as_bytes(t) for t in targets]
     chunks = split_chunks([v.numel() for v in views], chunk_bytes)
     stripes = assign_stripes(chunks, sources)
@@ -293,20 +307,14 @@ def _read_schema(
         ) from None
 
 
-def _target_for(
-    spec: TensorSpec, existing: torch.Tensor | None, device: torch.device
+def _target(
+    spec: TensorSpec, candidates: list[torch.Tensor | None], device: torch.device
 ) -> torch.Tensor:
-    """Receive in place into ``existing`` if it fits; else allocate where the sender keeps
-    the tensor (on this rank's GPU for a GPU tensor, when it has one)."""
-    if (
-        existing is not None
-        and existing.dtype == spec.dtype
-        and tuple(existing.shape) == spec.shape
-        and existing.is_contiguous()
-    ):
-        return existing
-    where = device if spec.device == "cuda" and device.type == "cuda" else torch.device("cpu")
-    return torch.empty(spec.shape, dtype=spec.dtype, device=where)
+    """The first candidate that can receive ``spec`` in place, else a new tensor."""
+    for candidate in candidates:
+        if fits(spec, candidate):
+            return candidate
+    return allocate(spec, device)
 
 
 def _verify(stripe: list[Chunk], actual: dict[int, int], expected: list[int], source: int) -> None:
