@@ -5,10 +5,14 @@ state (4 square ``Linear`` layers and their AdamW moments, after one step); the 
 fresh spare (the same model, an AdamW that has never stepped, so its optimizer state must be
 allocated). Each repeat the spare takes a new optimizer and receives the state with
 :func:`torchrelay.transfer.engine.receive_state` (then ``TrackedState.load``), timed from a
-barrier to the end of the load. Then rank 0 and the spare measure the floor in a 2-rank gloo
-group: a broadcast of one flat tensor of the same bytes into a tensor that already exists
-(``bench/probe.py``'s yardstick), after a warm-up. Both figures come from the same processes,
-seconds apart, so their ratio is meaningful on a loaded machine.
+barrier to the end of the load. Repeats alternate two modes: ``baseline`` (the spare receives
+into memory it allocates then; each source hashes its stripe while it sends) and ``prepared``
+(what the runtime does: the spare's buffers come from a :class:`Prefault` that finished while it
+waited; each source hashed its chunks for up to ``HALT_S`` before the transfer, as a survivor
+does while the failure is detected and planned for). Then rank 0 and the spare measure the
+floor in a 2-rank gloo group: a broadcast of one flat tensor of the same bytes into a tensor
+that already exists (``bench/probe.py``'s yardstick), after a warm-up. All figures come from
+the same processes, seconds apart, so their ratios are meaningful on a loaded machine.
 
 Every large allocation is a fresh ``mmap`` (``MALLOC_MMAP_THRESHOLD_``), as in a spare that has
 never held this state: without it, a repeat would reuse the previous repeat's pages.
@@ -29,6 +33,9 @@ from typing import Any
 
 from bench.procs import ProcessSet, free_port, wait_exit, worker_env
 
+# Detection + plan + communicator in the ledger of a small-model recovery (docs/benchmarks.md):
+# the time a survivor has to hash its chunks before it sends.
+HALT_S = 0.020
 TOKEN = "bench-xfer-token"  # a benchmark's own job token; nothing here is reachable off-host
 
 
@@ -48,6 +55,7 @@ def _worker(rank: int, world: int, port: int, mb: float, repeats: int, out: Path
     from torchrelay.runtime.tracked import TrackedState
     from torchrelay.transfer.buffers import Prefault, publish_layout
     from torchrelay.transfer.engine import receive_state, send_state
+    from torchrelay.transfer.sums import ChunkSums
 
     timeout = datetime.timedelta(seconds=300)
     store = dist.TCPStore("127.0.0.1", port, world, is_master=rank == 0, timeout=timeout)
@@ -63,21 +71,25 @@ def _worker(rank: int, world: int, port: int, mb: float, repeats: int, out: Path
         opt.step()
     if rank == 0:  # as rank 0 does at its first committed step
         publish_layout(store, TOKEN, {"step": 1, "objects": tracked.state()})
-    seconds: dict[str, list[float]] = {"cold": [], "prefaulted": []}
+    seconds: dict[str, list[float]] = {"baseline": [], "prepared": []}
     nbytes = 0
     # Alternate the two ways of receiving, so that both see the same load.
-    for generation, mode in enumerate(["cold", "prefaulted"] * repeats, start=1):
-        prepared = None
+    for generation, mode in enumerate(["baseline", "prepared"] * repeats, start=1):
+        prepared, ready = None, None
         if rank == spare:  # a fresh spare: an optimizer that has never stepped
             opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
             tracked.objects["optimizer"] = opt
-            if mode == "prefaulted":  # what the spare does while it waits for a plan
+            if mode == "prepared":  # what the spare does while it waits for a plan
                 prefault = Prefault(
                     f"127.0.0.1:{port}", TOKEN, {"objects": tracked.state()}, torch.device("cpu")
                 )
                 assert prefault.finished(timeout=300)
                 prepared = prefault.take()
         own = tracked.state()
+        if rank != spare and mode == "prepared":
+            # What a survivor does from its halt to the transfer: about HALT_S in the ledger.
+            ready = ChunkSums({"step": 1, "objects": own})
+            ready.finished(timeout=HALT_S)
         pg.barrier().wait()
         start = time.perf_counter()
         if rank == spare:
@@ -88,8 +100,8 @@ def _worker(rank: int, world: int, port: int, mb: float, repeats: int, out: Path
             nbytes = result.bytes
         else:
             state = {"step": 1, "objects": own}
-            send_state(pg, store, TOKEN, generation, state, rank, sources, [spare])
-        del own, prepared
+            send_state(pg, store, TOKEN, generation, state, rank, sources, [spare], ready=ready)
+        del own, prepared, ready
     pg.barrier().wait()
     floor = _floor(store, rank, spare, timeout, nbytes or _state_bytes(tracked))
     if rank == spare:

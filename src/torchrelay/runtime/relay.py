@@ -61,6 +61,7 @@ from torchrelay.runtime.rng import SETUP_STEP, seed_all
 from torchrelay.runtime.timing import StepTimer
 from torchrelay.runtime.tracked import TrackedState, TrackingError
 from torchrelay.transfer.buffers import Prefault
+from torchrelay.transfer.sums import ChunkSums
 
 
 class Relay(ControlLink, Recovery, ChaosInjection):
@@ -100,6 +101,7 @@ class Relay(ControlLink, Recovery, ChaosInjection):
         self._retired: list[dist.ProcessGroup] = []
         self._prefault: Prefault | None = None  # a spare's receive buffers, being prepared
         self._layout_shared = -1  # the last generation whose state layout this rank published
+        self._sums: ChunkSums | None = None  # checksums of this rank's state, since its halt
         self.timer = StepTimer()
         self.checkpoints = Checkpointer.from_environ(
             env.world_size,

@@ -28,7 +28,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-import xxhash
 
 from torchrelay.control.wire import WireError, seal, unseal
 from torchrelay.runtime.devices import comm_device
@@ -42,6 +41,8 @@ from torchrelay.transfer.flatten import (
     unflatten,
 )
 from torchrelay.transfer.stripes import Chunk, assign_stripes, chunk_size, split_chunks
+from torchrelay.transfer.sums import ChunkSums
+from torchrelay.transfer.sums import checksum as _checksum
 
 AfterEach = Callable[[int], None]
 WaitAll = Callable[[list[dist.Work], AfterEach], None]
@@ -77,12 +78,6 @@ class TransferResult:
     sidecar: Any = None
 
 
-def _checksum(piece: torch.Tensor) -> int:
-    # .cpu() also orders the read after the communicator's writes on a GPU. 63 bits, so that
-    # the value fits the int64 tensor it travels in.
-    return xxhash.xxh3_64_intdigest(piece.cpu().numpy().data) & (2**63 - 1)
-
-
 # The HMAC-SHA256 of a checksum list, sent after it as four int64 words.
 MAC_WORDS = 4
 
@@ -105,10 +100,16 @@ def _checksums_mac(
 
 
 def _sealed_checksums(
-    token: str, generation: int, source: int, stripe: list[Chunk], wire: list[torch.Tensor]
+    token: str,
+    generation: int,
+    source: int,
+    stripe: list[Chunk],
+    wire: list[torch.Tensor],
+    known: dict[Chunk, int],
 ) -> list[int]:
-    """A source's checksum list followed by its MAC (see :data:`MAC_WORDS`)."""
-    sums = [_checksum(b) for b in wire]
+    """A source's checksum list followed by its MAC (see :data:`MAC_WORDS`); the checksums in
+    ``known`` are taken as they are, the others computed."""
+    sums = [known[c] if c in known else _checksum(b) for c, b in zip(stripe, wire, strict=True)]
     return sums + _checksums_mac(token, generation, source, [c.index for c in stripe], sums)
 
 
@@ -162,19 +163,21 @@ def send_state(
     chunk_bytes: int | None = None,
     wait: WaitAll = wait_plain,
     sidecar: Any = None,
+    ready: ChunkSums | None = None,
 ) -> TransferResult:
     """Send this source's stripe of ``state`` to every receiver; returns bytes sent.
 
     Every source holds the same state, so they all derive the same ``chunk_bytes`` (unless
     one is given) and the same stripes. ``sidecar`` (small, JSON-able) is what the sources
     may hold differently: only the lowest source's goes out, inside the sealed schema, so a
-    receiver never mixes two sources' copies.
+    receiver never mixes two sources' copies. ``ready`` holds checksums computed while this
+    source halted (see :mod:`torchrelay.transfer.sums`).
     """
     start = time.perf_counter()
     tree, tensors, specs = flatten(state)
     views = [as_bytes(t) for t in tensors]
     sizes = [v.numel() for v in views]
-    chunk_bytes = chunk_bytes or chunk_size(sum(sizes), len(sources))
+    chunk_bytes = chunk_bytes or chunk_size(sum(sizes))
     if rank == min(sources):
         schema = {
             "generation": generation,
@@ -193,8 +196,10 @@ def send_state(
         for receiver in receivers
         for chunk, buffer in zip(mine, wire, strict=True)
     ]
-    # Checksums are computed while the communicator moves the bytes, and sent last.
-    sealed = _sealed_checksums(token, generation, rank, mine, wire)
+    # Checksums not computed at the halt are computed while the communicator moves the bytes;
+    # they are sent last.
+    known = {} if ready is None else ready.take()
+    sealed = _sealed_checksums(token, generation, rank, mine, wire, known)
     checksums = torch.tensor(sealed, dtype=torch.int64, device=device)
     works += [pg.send([checksums], receiver, len(chunks) + rank) for receiver in receivers]
     wait(works, _nothing)
