@@ -9,10 +9,11 @@ barrier to the end of the load. Repeats alternate two modes: ``baseline`` (the s
 into memory it allocates then; each source hashes its stripe while it sends) and ``prepared``
 (what the runtime does: the spare's buffers come from a :class:`Prefault` that finished while it
 waited; each source hashed its chunks for up to ``HALT_S`` before the transfer, as a survivor
-does while the failure is detected and planned for). Then rank 0 and the spare measure the
-floor in a 2-rank gloo group: a broadcast of one flat tensor of the same bytes into a tensor
-that already exists (``bench/probe.py``'s yardstick), after a warm-up. All figures come from
-the same processes, seconds apart, so their ratios are meaningful on a loaded machine.
+does while the failure is detected and planned for). Each round ends with the floor: rank 0
+and the spare, in a 2-rank gloo group, broadcast one flat tensor of the same bytes into a tensor
+that already exists (``bench/probe.py``'s yardstick; warmed up once). Efficiency is floor /
+transfer within each round (median and range over rounds): the three figures of a round are
+taken a fraction of a second apart, so their ratio is meaningful on a loaded machine.
 
 Every large allocation is a fresh ``mmap`` (``MALLOC_MMAP_THRESHOLD_``), as in a spare that has
 never held this state: without it, a repeat would reuse the previous repeat's pages.
@@ -71,42 +72,55 @@ def _worker(rank: int, world: int, port: int, mb: float, repeats: int, out: Path
         opt.step()
     if rank == 0:  # as rank 0 does at its first committed step
         publish_layout(store, TOKEN, {"step": 1, "objects": tracked.state()})
-    seconds: dict[str, list[float]] = {"baseline": [], "prepared": []}
-    nbytes = 0
-    # Alternate the two ways of receiving, so that both see the same load.
-    for generation, mode in enumerate(["baseline", "prepared"] * repeats, start=1):
-        prepared, ready = None, None
-        if rank == spare:  # a fresh spare: an optimizer that has never stepped
-            opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-            tracked.objects["optimizer"] = opt
-            if mode == "prepared":  # what the spare does while it waits for a plan
-                prefault = Prefault(
-                    f"127.0.0.1:{port}", TOKEN, {"objects": tracked.state()}, torch.device("cpu")
+    pair = _pair(store, rank, spare, timeout)
+    floor_buffer: Any = None
+    seconds: dict[str, list[float]] = {"baseline": [], "prepared": [], "broadcast": []}
+    generation = 0
+    # Each round: the two ways of receiving, then the floor, so that all three see one load.
+    for _round in range(repeats):
+        for mode in ("baseline", "prepared"):
+            generation += 1
+            prepared, ready = None, None
+            if rank == spare:  # a fresh spare: an optimizer that has never stepped
+                opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+                tracked.objects["optimizer"] = opt
+                if mode == "prepared":  # what the spare does while it waits for a plan
+                    own = {"objects": tracked.state()}
+                    prefault = Prefault(f"127.0.0.1:{port}", TOKEN, own, torch.device("cpu"))
+                    assert prefault.finished(timeout=300)
+                    prepared = prefault.take()
+            own = tracked.state()
+            if rank != spare and mode == "prepared":
+                # What a survivor does from its halt to the transfer: about HALT_S (ledger).
+                ready = ChunkSums({"step": 1, "objects": own})
+                ready.finished(timeout=HALT_S)
+            pg.barrier().wait()
+            start = time.perf_counter()
+            if rank == spare:
+                state = {"step": 0, "objects": own}
+                result = receive_state(
+                    pg, store, TOKEN, generation, state, sources, prepared=prepared
                 )
-                assert prefault.finished(timeout=300)
-                prepared = prefault.take()
-        own = tracked.state()
-        if rank != spare and mode == "prepared":
-            # What a survivor does from its halt to the transfer: about HALT_S in the ledger.
-            ready = ChunkSums({"step": 1, "objects": own})
-            ready.finished(timeout=HALT_S)
+                tracked.load(result.state["objects"], own)
+                seconds[mode].append(time.perf_counter() - start)
+                nbytes = result.bytes
+            else:
+                state = {"step": 1, "objects": own}
+                send_state(pg, store, TOKEN, generation, state, rank, sources, [spare], ready=ready)
+                nbytes = _state_bytes(tracked)
+            del own, prepared, ready
+        if pair is not None:
+            if floor_buffer is None:  # mapped, and the connection warmed up, before timing
+                floor_buffer = torch.empty(nbytes // 4).fill_(float(rank == 0))
+                pair.broadcast([floor_buffer], dist.BroadcastOptions()).wait()
+            pair.barrier().wait()
+            start = time.perf_counter()
+            pair.broadcast([floor_buffer], dist.BroadcastOptions()).wait()
+            seconds["broadcast"].append(time.perf_counter() - start)
         pg.barrier().wait()
-        start = time.perf_counter()
-        if rank == spare:
-            state = {"step": 0, "objects": own}
-            result = receive_state(pg, store, TOKEN, generation, state, sources, prepared=prepared)
-            tracked.load(result.state["objects"], own)
-            seconds[mode].append(time.perf_counter() - start)
-            nbytes = result.bytes
-        else:
-            state = {"step": 1, "objects": own}
-            send_state(pg, store, TOKEN, generation, state, rank, sources, [spare], ready=ready)
-        del own, prepared, ready
-    pg.barrier().wait()
-    floor = _floor(store, rank, spare, timeout, nbytes or _state_bytes(tracked))
     if rank == spare:
-        result = {"bytes": nbytes, "broadcast_s": floor, "sources": len(sources)}
-        out.write_text(json.dumps({**result, "transfer_s": seconds}))
+        result = {"bytes": nbytes, "sources": len(sources)}
+        out.write_text(json.dumps({**result, "seconds": seconds}))
 
 
 def _state_bytes(tracked: Any) -> int:
@@ -115,32 +129,18 @@ def _state_bytes(tracked: Any) -> int:
     return sum(t.numel() * t.element_size() for t in flatten(tracked.state())[1])
 
 
-def _floor(store: Any, rank: int, spare: int, timeout: Any, nbytes: int) -> list[float]:
-    """Seconds of 2-rank gloo broadcasts of ``nbytes`` into an existing tensor (after one
-    warm-up), between rank 0 and the spare; empty on other ranks."""
-    import torch
+def _pair(store: Any, rank: int, spare: int, timeout: Any) -> Any:
+    """The 2-rank gloo group of rank 0 and the spare that measures the floor (None elsewhere)."""
     import torch.distributed as dist
 
     if rank not in (0, spare):
-        return []
-    pair = dist.ProcessGroupGloo(
-        dist.PrefixStore("floor", store), 0 if rank == 0 else 1, 2, timeout
-    )
-    tensor = torch.ones(nbytes // 4) if rank == 0 else torch.zeros(nbytes // 4)
-    times = []
-    for i in range(4):
-        pair.barrier().wait()
-        start = time.perf_counter()
-        pair.broadcast([tensor], dist.BroadcastOptions()).wait()
-        if i:
-            times.append(time.perf_counter() - start)
-    pair.barrier().wait()
-    return times
+        return None
+    return dist.ProcessGroupGloo(dist.PrefixStore("floor", store), int(rank != 0), 2, timeout)
 
 
 def measure(mb: float, sources: int = 1, repeats: int = 3, timeout_s: float = 600.0) -> dict:
     """One run: ``sources`` replicas send ~``mb`` MB of state to a fresh spare ``repeats``
-    times, then the gloo floor; returns the spare's figures (see the module docstring)."""
+    rounds; returns the spare's figures (see the module docstring)."""
     world, port = sources + 1, free_port()
     env = worker_env(MALLOC_MMAP_THRESHOLD_=str(128 * 1024))
     with tempfile.TemporaryDirectory() as tmp, ProcessSet() as procs:
@@ -160,11 +160,16 @@ def measure(mb: float, sources: int = 1, repeats: int = 3, timeout_s: float = 60
             if wait_exit(child, deadline) != 0:
                 raise RuntimeError((Path(tmp) / f"xfer{r}.log").read_text()[-3000:])
         result = json.loads(out.read_text())
-    floor = statistics.median(result["broadcast_s"])
-    result["broadcast_median_s"] = floor
-    for mode, times in result["transfer_s"].items():
-        result[f"{mode}_median_s"] = statistics.median(times)
-        result[f"{mode}_efficiency"] = floor / statistics.median(times)
+    floor = result["seconds"]["broadcast"]
+    result["broadcast_median_s"] = statistics.median(floor)
+    for mode in ("baseline", "prepared"):
+        times = result["seconds"][mode]
+        ratios = sorted(f / t for f, t in zip(floor, times, strict=True))  # per round
+        result[mode] = {
+            "median_s": statistics.median(times),
+            "efficiency": statistics.median(ratios),
+            "efficiency_range": [ratios[0], ratios[-1]],
+        }
     return result
 
 
@@ -182,16 +187,15 @@ def main() -> None:
         _worker(a.rank, a.world, a.port, a.mb, a.repeats, a.out)
         return
     r = measure(a.mb, a.sources, a.repeats)
-    print(
-        f"{r['bytes'] / 1e6:.1f} MB from {r['sources']} source(s): gloo broadcast "
-        f"{r['broadcast_median_s'] * 1e3:.1f} ms",
-        flush=True,
-    )
-    for mode in r["transfer_s"]:
-        times = ", ".join(f"{s * 1e3:.1f}" for s in r["transfer_s"][mode])
+    floor = ", ".join(f"{x * 1e3:.1f}" for x in r["seconds"]["broadcast"])
+    print(f"{r['bytes'] / 1e6:.1f} MB from {r['sources']} source(s): gloo broadcast ms {floor}")
+    for mode in ("baseline", "prepared"):
+        times = ", ".join(f"{x * 1e3:.1f}" for x in r["seconds"][mode])
+        low, high = r[mode]["efficiency_range"]
         print(
-            f"  {mode}: transfer {r[f'{mode}_median_s'] * 1e3:.1f} ms ({times}), "
-            f"efficiency {r[f'{mode}_efficiency']:.2f}"
+            f"  {mode}: transfer ms {times}; efficiency {r[mode]['efficiency']:.2f} "
+            f"({low:.2f}-{high:.2f})",
+            flush=True,
         )
 
 
