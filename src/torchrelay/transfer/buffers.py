@@ -30,7 +30,9 @@ from torchrelay.control.wire import WireError, seal, unseal
 from torchrelay.transfer.flatten import Path, SchemaError, TensorSpec, as_bytes, flatten
 
 LAYOUT_KEY = "torchrelay/layout"
-_POLL = datetime.timedelta(milliseconds=200)
+# How long one wait for the layout blocks: long, because take() never waits for it, and a
+# wait that times out makes c10d log a warning.
+_WAIT = datetime.timedelta(hours=1)
 
 
 def fits(spec: TensorSpec, tensor: torch.Tensor | None) -> bool:
@@ -80,7 +82,7 @@ class Prefault:
         self, store_address: str, token: str, own_state: Any, device: torch.device
     ) -> None:
         self._address, self._token, self._device = store_address, token, device
-        self._own = {s.path: t for t, s in zip(*flatten(own_state)[1:], strict=True)}
+        self._own_state = own_state
         self._buffers: dict[Path, torch.Tensor] = {}
         self._stop = threading.Event()
         self._allocating = threading.Event()
@@ -105,7 +107,7 @@ class Prefault:
             store = dist.TCPStore(host, int(port), is_master=False, wait_for_workers=False)
             while not self._stop.is_set():
                 try:
-                    store.wait([LAYOUT_KEY], _POLL)
+                    store.wait([LAYOUT_KEY], _WAIT)
                     break
                 except dist.DistStoreError:
                     continue
@@ -114,11 +116,15 @@ class Prefault:
         layout = None if self._stop.is_set() else read_layout(store, self._token)
         if layout is None:
             return
+        try:
+            own = {s.path: t for t, s in zip(*flatten(self._own_state)[1:], strict=True)}
+        except SchemaError:
+            return  # a state no transfer can fill: the transfer reports it
         self._allocating.set()
         for spec in layout:
             if self._stop.is_set():
                 return
-            if fits(spec, self._own.get(spec.path)):
+            if fits(spec, own.get(spec.path)):
                 continue
             buffer = allocate(spec, self._device)
             as_bytes(buffer).zero_()  # writing maps the pages now, not inside the receive

@@ -12,7 +12,8 @@ while the wire moves it, and on a machine with few cores the two compete for the
 
 Failure behaviour: a value is reused only for a chunk identical (index and byte ranges) to one
 the transfer cuts, so a state that changed shape is hashed afresh; an error in the thread
-leaves the values it had not reached to the transfer.
+leaves the values it had not reached to the transfer (a state that cannot be flattened: all
+of them, for the transfer to report).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 import torch
 import xxhash
 
-from torchrelay.transfer.flatten import as_bytes, flatten
+from torchrelay.transfer.flatten import SchemaError, as_bytes, flatten
 from torchrelay.transfer.stripes import Chunk, chunk_size, split_chunks
 
 _MASK = 2**63 - 1
@@ -48,13 +49,10 @@ class ChunkSums:
     """The checksums of every chunk of ``state``, computed in a daemon thread from creation."""
 
     def __init__(self, state: Any) -> None:
-        views = [as_bytes(t) for t in flatten(state)[1]]
-        sizes = [v.numel() for v in views]
-        chunks = split_chunks(sizes, chunk_size(sum(sizes)))
         self._values: dict[Chunk, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(
-            target=self._run, args=(views, chunks), name="torchrelay-checksums", daemon=True
+            target=self._run, args=(state,), name="torchrelay-checksums", daemon=True
         )
         self._thread.start()
 
@@ -69,8 +67,13 @@ class ChunkSums:
         self._thread.join(timeout)
         return not self._thread.is_alive()
 
-    def _run(self, views: list[torch.Tensor], chunks: list[Chunk]) -> None:
-        for chunk in chunks:
+    def _run(self, state: Any) -> None:
+        try:
+            views = [as_bytes(t) for t in flatten(state)[1]]
+        except SchemaError:
+            return  # a state no transfer can send: the transfer reports it
+        sizes = [v.numel() for v in views]
+        for chunk in split_chunks(sizes, chunk_size(sum(sizes))):
             if self._stop.is_set():
                 return
             parts = [views[p.tensor][p.start : p.stop] for p in chunk.pieces]
