@@ -11,6 +11,8 @@ Both trees run the same worker scripts (this checkout's ``bench/workers``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -25,7 +27,7 @@ PHASES = ("detect", "plan", "communicator", "transfer", "first_step", "total")
 
 def _cell(values: list[float], scale: float = 1e3) -> str:
     s = metrics.spread(values)
-    return f"{s.median * scale:.1f} ({s.low * scale:.1f}-{s.high * scale:.1f})"
+    return f"{s.median * scale:.1f} ({s.lo * scale:.1f}-{s.hi * scale:.1f})"
 
 
 def table(results: dict[str, list[JobResult]]) -> str:
@@ -64,7 +66,9 @@ def main() -> None:
                 if job.error:
                     raise SystemExit(f"{tree}: {job.error}")
                 results[tree].append(job)
-                print(f"pair {pair} {tree}: {len(job.phases)} recoveries", flush=True)
+                phases = [dataclasses.asdict(p) for p in job.phases]
+                stalls = [i.stall_s for i in job.impacts]
+                print(f"pair {pair} {tree}: {json.dumps({'phases': phases, 'stalls': stalls})}")
     print(table(results))
 
 
