@@ -32,9 +32,16 @@ def free_port() -> int:
 
 
 def worker_env(**extra: str) -> dict[str, str]:
-    """The environment every child gets: one intra-op thread (2 cores, 2+ processes)."""
+    """The environment every child gets: one intra-op thread (2 cores, 2+ processes), and this
+    checkout's ``src`` first on the path (``$BENCH_SRC`` instead, to measure another tree)."""
     env = dict(os.environ)
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO_ROOT), PYTHONUNBUFFERED="1", **extra)
+    src = os.environ.get("BENCH_SRC") or str(REPO_ROOT / "src")
+    env.update(
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=f"{src}{os.pathsep}{REPO_ROOT}",
+        PYTHONUNBUFFERED="1",
+        **extra,
+    )
     return env
 
 

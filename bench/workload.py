@@ -16,6 +16,7 @@ four worker scripts differ only in how they launch, communicate and recover:
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import time
@@ -100,6 +101,37 @@ class ProgressLog:
     def commit(self, step: int, participants: int) -> None:
         if self._file is not None:
             self._file.write(f"{step} {time.time():.6f} {participants}\n")
+
+
+class RuntimeFacts:
+    """What decides a worker's speed besides the model: its thread pools, CPU affinity, OS
+    threads, and the CPU seconds it spends per step (user + system, all its threads) from step
+    ``warmup`` on -- a cost that other people's load on the machine does not change, unlike
+    steps/s. Written as JSON to ``$BENCH_FACTS`` (if set) by rank 0 at the end of its loop."""
+
+    def __init__(self, rank: int | None, warmup: int) -> None:
+        self._path = os.environ.get("BENCH_FACTS") if rank == 0 else None
+        self._warmup = warmup
+        self._start: tuple[int, float] | None = None
+
+    def at(self, step: int) -> None:
+        if self._path and self._start is None and step >= self._warmup:
+            self._start = (step, time.process_time())
+
+    def write(self, last_step: int) -> None:
+        if not (self._path and self._start):
+            return
+        first, cpu = self._start
+        status = Path("/proc/self/status").read_text()
+        facts = {
+            "intra_op_threads": torch.get_num_threads(),
+            "interop_threads": torch.get_num_interop_threads(),
+            "affinity": sorted(os.sched_getaffinity(0)),
+            "os_threads": int(status.split("Threads:")[1].split()[0]),
+            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+            "cpu_s_per_step": (time.process_time() - cpu) / max(1, last_step - first),
+        }
+        Path(self._path).write_text(json.dumps(facts))
 
 
 class KillSwitch:

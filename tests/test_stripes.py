@@ -27,10 +27,10 @@ def test_small_tensors_share_chunks_and_large_ones_go_alone_and_split():
     ]
 
 
-def test_chunk_size_keeps_every_source_busy_but_bounded():
-    assert chunk_size(1 << 30, sources=2) == 4 * 1024 * 1024
-    assert chunk_size(8 * 1024 * 1024, sources=2) == 1024 * 1024
-    assert chunk_size(1000, sources=3) == 64 * 1024
+def test_chunk_size_keeps_several_sources_busy_but_bounded():
+    assert chunk_size(1 << 30) == 4 * 1024 * 1024
+    assert chunk_size(16 * 1024 * 1024) == 1024 * 1024
+    assert chunk_size(1000) == 64 * 1024
 
 
 def test_stripes_balance_bytes_and_partition_chunks():

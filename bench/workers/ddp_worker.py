@@ -19,6 +19,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from bench.workload import (
     KillSwitch,
     ProgressLog,
+    RuntimeFacts,
     build_model,
     build_optimizer,
     loss_fn,
@@ -70,7 +71,9 @@ def main() -> None:
         start = ckpt["step"] + 1
     log = ProgressLog(args.progress_file if rank == 0 else None)
     kill = KillSwitch(rank, args.kill_rank, args.kill_steps, args.marker_dir)
+    facts = RuntimeFacts(rank, warmup=args.steps // 5)
     for step in range(start, args.steps):
+        facts.at(step)
         kill.maybe_kill(step)
         loss_fn(model, make_batch(args.model, step, rank)).backward()
         opt.step()
@@ -82,6 +85,7 @@ def main() -> None:
                 {"model": net.state_dict(), "optimizer": opt.state_dict(), "step": step}, tmp
             )
             os.replace(tmp, args.ckpt_path)
+    facts.write(args.steps - 1)
     if rank == 0:
         save_weights(net, args.out)
     dist.destroy_process_group()

@@ -12,6 +12,7 @@ from bench.workload import (
     SEED,
     KillSwitch,
     ProgressLog,
+    RuntimeFacts,
     build_model,
     build_optimizer,
     loss_fn,
@@ -38,22 +39,25 @@ def main() -> None:
     # relay.steps needs a dataset to drive its step sampler; the batch itself comes from
     # make_batch(step, rank) so that all four systems train on identical samples.
     steps = TensorDataset(torch.zeros(64, 1))
-    log = kill = None
+    log = kill = facts = None
     logged = -1
     for step, _ in relay.steps(steps, batch_size=1, max_steps=args.steps):
         if kill is None:  # a spare learns its slot only when it is handed one
             kill = KillSwitch(relay.rank, args.kill_rank, args.kill_steps, args.marker_dir)
             log = ProgressLog(args.progress_file if relay.rank == 0 else None)
+            facts = RuntimeFacts(relay.rank, warmup=args.steps // 5)
             logged = step - 1
         # A step counts only once relay.steps has committed it (a step whose all-reduce failed
         # is dropped and yielded again), so the log trails by one iteration, at the boundary.
         logged = _log_commits(log, relay.committed, logged, relay.world_size)
+        facts.at(step)
         kill.maybe_kill(step)
         loss_fn(model, make_batch(args.model, step, relay.rank)).backward()
         opt.step()
         opt.zero_grad()
     if log is not None:
         _log_commits(log, relay.committed, logged, relay.world_size)
+        facts.write(relay.committed)
     if relay.rank == 0:
         save_weights(net, args.out)
 

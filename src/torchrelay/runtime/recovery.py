@@ -37,7 +37,9 @@ from torchrelay.runtime.env import RelayEnv
 from torchrelay.runtime.guard import GenerationAborted
 from torchrelay.runtime.replicas import LocalMirror
 from torchrelay.runtime.tracked import TrackedState
+from torchrelay.transfer.buffers import Prefault, publish_layout
 from torchrelay.transfer.engine import receive_state, schema_key, send_state
+from torchrelay.transfer.sums import ChunkSums
 
 KEY_POLL = datetime.timedelta(milliseconds=200)
 
@@ -61,6 +63,9 @@ class Recovery:
     _first_after_recovery: bool
     _state_valid: bool
     _retired: list[dist.ProcessGroup]
+    _prefault: Prefault | None
+    _layout_shared: int
+    _sums: ChunkSums | None
 
     def _bind(self, generation: int, rank: int) -> None:
         self.guard.enter_generation(generation)
@@ -110,6 +115,9 @@ class Recovery:
         return message
 
     def _await_assignment(self) -> None:
+        # While it waits, the spare maps the memory it will receive into (transfer.buffers).
+        own = {"step": self.committed, "objects": self.tracked.state()}
+        self._prefault = Prefault(self._store_address, self.env.token, own, self.device)
         message = self._report_and_wait(Ready(), Plan, Finish)
         if not isinstance(message, Plan):
             self._closing.set()
@@ -126,6 +134,7 @@ class Recovery:
         return True
 
     def _recover(self, in_flight: int | None) -> None:
+        self._hash_while_halted()
         halted = Halted(committed=self.committed, in_flight=in_flight)
         message = self._report_and_wait(halted, Plan, Retire, Finish)
         if isinstance(message, Retire):
@@ -140,6 +149,21 @@ class Recovery:
         self._closing.set()
         print("torchrelay: this process's slot was handed over; leaving", file=sys.stderr)
         raise SystemExit(0)
+
+    def _hash_while_halted(self) -> None:
+        """A rank that may be chosen as a source hashes its state's chunks while it waits for
+        the plan, off the transfer's path (see :mod:`torchrelay.transfer.sums`)."""
+        if self.rank is not None and self._state_valid and self._sums is None:
+            self._sums = ChunkSums({"step": self.committed, "objects": self.tracked.state()})
+
+    def _share_layout(self) -> None:
+        """At its first commit in a generation, rank 0 publishes the state's layout, which
+        waiting spares prepare their receive buffers from (see :mod:`torchrelay.transfer.buffers`).
+        """
+        if self.rank == 0 and self._layout_shared != self.generation:
+            self._layout_shared = self.generation
+            own = {"step": self.committed, "objects": self.tracked.state()}
+            publish_layout(self._store, self.env.token, own)
 
     def _report_resumed(self) -> None:
         """Once per recovery: the first committed step (or the end, if no step was left)."""
@@ -158,6 +182,7 @@ class Recovery:
                 self._closing.set()
                 return True
             if isinstance(message, Abort) and message.generation == self.generation:
+                self._hash_while_halted()
                 self._send(Halted(committed=self.committed, in_flight=None))
             elif isinstance(message, Plan):
                 self._apply_plan(message)
@@ -181,6 +206,7 @@ class Recovery:
                 self._enter(plan)
                 return
             except (GenerationAborted, RuntimeError) as exc:
+                self._hash_while_halted()
                 halted = Halted(
                     committed=self.committed,
                     in_flight=None,
@@ -207,6 +233,10 @@ class Recovery:
         self._send(PhaseDone(phase="comm_ready", t=time.time()))
         self._maybe_fire("transfer", step=target + 1)
         own = self.tracked.state()
+        prepared = None if self._prefault is None else self._prefault.take()
+        ready, self._prefault, self._sums = self._sums, None, None
+        if ready is not None and slot not in sources:
+            ready.take()  # stop hashing: this rank sends nothing
         inner = self.process_group.inner
         assert inner is not None
         if slot in sources:
@@ -224,6 +254,7 @@ class Recovery:
                 wait=self.guard.wait_works,
                 # Every source holds every rank's local state; the receiver takes its slot's.
                 sidecar=None if self.local is None else self.local.for_transfer(),
+                ready=ready,
             )
         elif slot in receivers:
             self._state_valid = False
@@ -239,6 +270,7 @@ class Recovery:
                 progress=lambda total: (
                     ByteProgress(f"torchrelay: rank {slot} receiving state", total).add
                 ),
+                prepared=prepared,
             )
             self.tracked.load(result.state["objects"], own)
             self.committed = int(result.state["step"])

@@ -60,6 +60,8 @@ from torchrelay.runtime.replicas import AgreementCheck, LocalMirror, describe
 from torchrelay.runtime.rng import SETUP_STEP, seed_all
 from torchrelay.runtime.timing import StepTimer
 from torchrelay.runtime.tracked import TrackedState, TrackingError
+from torchrelay.transfer.buffers import Prefault
+from torchrelay.transfer.sums import ChunkSums
 
 
 class Relay(ControlLink, Recovery, ChaosInjection):
@@ -97,6 +99,9 @@ class Relay(ControlLink, Recovery, ChaosInjection):
         self._last_commit_t: float | None = None  # wall time, for the survivors' stall
         self._state_valid = self.rank is not None  # a spare holds no state worth sending
         self._retired: list[dist.ProcessGroup] = []
+        self._prefault: Prefault | None = None  # a spare's receive buffers, being prepared
+        self._layout_shared = -1  # the last generation whose state layout this rank published
+        self._sums: ChunkSums | None = None  # checksums of this rank's state, since its halt
         self.timer = StepTimer()
         self.checkpoints = Checkpointer.from_environ(
             env.world_size,
@@ -269,6 +274,7 @@ class Relay(ControlLink, Recovery, ChaosInjection):
             if self.local is not None:
                 self.local.commit(True)
             self.timer.commit()
+            self._share_layout()
             if self.checkpoints is not None:
                 self.checkpoints.after_commit(step, self.rank, self.tracked, self.local)  # type: ignore[arg-type]
             self._report_resumed()

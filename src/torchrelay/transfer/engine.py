@@ -28,12 +28,21 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-import xxhash
 
 from torchrelay.control.wire import WireError, seal, unseal
 from torchrelay.runtime.devices import comm_device
-from torchrelay.transfer.flatten import SchemaError, TensorSpec, as_bytes, flatten, unflatten
+from torchrelay.transfer.buffers import allocate, fits
+from torchrelay.transfer.flatten import (
+    Path,
+    SchemaError,
+    TensorSpec,
+    as_bytes,
+    flatten,
+    unflatten,
+)
 from torchrelay.transfer.stripes import Chunk, assign_stripes, chunk_size, split_chunks
+from torchrelay.transfer.sums import ChunkSums
+from torchrelay.transfer.sums import checksum as _checksum
 
 AfterEach = Callable[[int], None]
 WaitAll = Callable[[list[dist.Work], AfterEach], None]
@@ -69,12 +78,6 @@ class TransferResult:
     sidecar: Any = None
 
 
-def _checksum(piece: torch.Tensor) -> int:
-    # .cpu() also orders the read after the communicator's writes on a GPU. 63 bits, so that
-    # the value fits the int64 tensor it travels in.
-    return xxhash.xxh3_64_intdigest(piece.cpu().numpy().data) & (2**63 - 1)
-
-
 # The HMAC-SHA256 of a checksum list, sent after it as four int64 words.
 MAC_WORDS = 4
 
@@ -97,10 +100,16 @@ def _checksums_mac(
 
 
 def _sealed_checksums(
-    token: str, generation: int, source: int, stripe: list[Chunk], wire: list[torch.Tensor]
+    token: str,
+    generation: int,
+    source: int,
+    stripe: list[Chunk],
+    wire: list[torch.Tensor],
+    known: dict[Chunk, int],
 ) -> list[int]:
-    """A source's checksum list followed by its MAC (see :data:`MAC_WORDS`)."""
-    sums = [_checksum(b) for b in wire]
+    """A source's checksum list followed by its MAC (see :data:`MAC_WORDS`); the checksums in
+    ``known`` are taken as they are, the others computed."""
+    sums = [known[c] if c in known else _checksum(b) for c, b in zip(stripe, wire, strict=True)]
     return sums + _checksums_mac(token, generation, source, [c.index for c in stripe], sums)
 
 
@@ -154,19 +163,21 @@ def send_state(
     chunk_bytes: int | None = None,
     wait: WaitAll = wait_plain,
     sidecar: Any = None,
+    ready: ChunkSums | None = None,
 ) -> TransferResult:
     """Send this source's stripe of ``state`` to every receiver; returns bytes sent.
 
     Every source holds the same state, so they all derive the same ``chunk_bytes`` (unless
     one is given) and the same stripes. ``sidecar`` (small, JSON-able) is what the sources
     may hold differently: only the lowest source's goes out, inside the sealed schema, so a
-    receiver never mixes two sources' copies.
+    receiver never mixes two sources' copies. ``ready`` holds checksums computed while this
+    source halted (see :mod:`torchrelay.transfer.sums`).
     """
     start = time.perf_counter()
     tree, tensors, specs = flatten(state)
     views = [as_bytes(t) for t in tensors]
     sizes = [v.numel() for v in views]
-    chunk_bytes = chunk_bytes or chunk_size(sum(sizes), len(sources))
+    chunk_bytes = chunk_bytes or chunk_size(sum(sizes))
     if rank == min(sources):
         schema = {
             "generation": generation,
@@ -185,8 +196,10 @@ def send_state(
         for receiver in receivers
         for chunk, buffer in zip(mine, wire, strict=True)
     ]
-    # Checksums are computed while the communicator moves the bytes, and sent last.
-    sealed = _sealed_checksums(token, generation, rank, mine, wire)
+    # Checksums not computed at the halt are computed while the communicator moves the bytes;
+    # they are sent last.
+    known = {} if ready is None else ready.take()
+    sealed = _sealed_checksums(token, generation, rank, mine, wire, known)
     checksums = torch.tensor(sealed, dtype=torch.int64, device=device)
     works += [pg.send([checksums], receiver, len(chunks) + rank) for receiver in receivers]
     wait(works, _nothing)
@@ -203,8 +216,11 @@ def receive_state(
     sources: list[int],
     wait: WaitAll = wait_plain,
     progress: Progress | None = None,
+    prepared: dict[Path, torch.Tensor] | None = None,
 ) -> TransferResult:
-    """Receive the full state from the sources; tensors land in ``own_state``'s where they fit.
+    """Receive the full state from the sources; tensors land in ``own_state``'s where they fit,
+    else in ``prepared``'s (by path; see :class:`torchrelay.transfer.buffers.Prefault`) where
+    they fit, else in new tensors.
 
     ``progress(total)``, if given, is made once the size is known and its result is called with
     each chunk's bytes as the chunk lands (see :class:`torchrelay.progress.ByteProgress`).
@@ -218,7 +234,10 @@ def receive_state(
     _, own_tensors, own_specs = flatten(own_state)
     own = {spec.path: t for spec, t in zip(own_specs, own_tensors, strict=True)}
     device = comm_device(pg)
-    targets = [_target_for(spec, own.get(spec.path), device) for spec in specs]
+    prepared = prepared or {}
+    targets = [
+        _target(spec, [own.get(spec.path), prepared.get(spec.path)], device) for spec in specs
+    ]
     views = [as_bytes(t) for t in targets]
     chunks = split_chunks([v.numel() for v in views], chunk_bytes)
     stripes = assign_stripes(chunks, sources)
@@ -293,20 +312,14 @@ def _read_schema(
         ) from None
 
 
-def _target_for(
-    spec: TensorSpec, existing: torch.Tensor | None, device: torch.device
+def _target(
+    spec: TensorSpec, candidates: list[torch.Tensor | None], device: torch.device
 ) -> torch.Tensor:
-    """Receive in place into ``existing`` if it fits; else allocate where the sender keeps
-    the tensor (on this rank's GPU for a GPU tensor, when it has one)."""
-    if (
-        existing is not None
-        and existing.dtype == spec.dtype
-        and tuple(existing.shape) == spec.shape
-        and existing.is_contiguous()
-    ):
-        return existing
-    where = device if spec.device == "cuda" and device.type == "cuda" else torch.device("cpu")
-    return torch.empty(spec.shape, dtype=spec.dtype, device=where)
+    """The first candidate that can receive ``spec`` in place, else a new tensor."""
+    for candidate in candidates:
+        if fits(spec, candidate):
+            return candidate
+    return allocate(spec, device)
 
 
 def _verify(stripe: list[Chunk], actual: dict[int, int], expected: list[int], source: int) -> None:

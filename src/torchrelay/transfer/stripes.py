@@ -38,9 +38,11 @@ class Chunk:
         return sum(p.stop - p.start for p in self.pieces)
 
 
-def chunk_size(total_bytes: int, sources: int, most: int = DEFAULT_CHUNK_BYTES) -> int:
-    """At most ``most``, yet small enough that every source gets a few chunks to send."""
-    return max(MIN_CHUNK_BYTES, min(most, -(-total_bytes // (4 * max(1, sources)))))
+def chunk_size(total_bytes: int, most: int = DEFAULT_CHUNK_BYTES) -> int:
+    """At most ``most``, yet small enough that a state is cut into about 16 chunks or more, so
+    that up to 4 sources get a few each. It depends on the state's size alone, so a survivor
+    can hash its chunks before it knows the plan (see :mod:`torchrelay.transfer.sums`)."""
+    return max(MIN_CHUNK_BYTES, min(most, -(-total_bytes // 16)))
 
 
 def split_chunks(
