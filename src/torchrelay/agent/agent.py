@@ -25,6 +25,7 @@ from typing import IO, Any
 
 from torchrelay.agent.resume import checkpoint_environment
 from torchrelay.agent.spawn import signal_group, spawn
+from torchrelay.agent.template import ForkedProcess, SpareTemplate, TemplateUnavailable
 from torchrelay.config import JobConfig
 from torchrelay.health import quarantine
 from torchrelay.health.poller import HealthPoller, node_sources
@@ -48,7 +49,9 @@ class NodeAgent:
         self.environment: dict[str, str] = dict(os.environ)
         self._on_exit = on_exit
         self._label = label
-        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._procs: dict[str, subprocess.Popen[bytes] | ForkedProcess] = {}
+        self._template: SpareTemplate | None = None
+        self._template_failed = False  # said once, then spares are spawned plainly
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._print_lock = threading.Lock()
@@ -116,6 +119,10 @@ class NodeAgent:
             }
             taken = held | avoid
             self._local_index[name] = next(i for i in itertools.count() if i not in taken)
+            if self.config.spare_template and self._template is None:
+                # Its import of torch runs while the first spares would import it anyway.
+                self._template = SpareTemplate(self.log_dir / "template.log")
+                self._template.start(self.environment)
         self._start(name, "spare", {"LOCAL_RANK": str(self._local_index[name])})
 
     def _start(self, process: str, role: str, extra: dict[str, str]) -> None:
@@ -126,14 +133,16 @@ class NodeAgent:
             "TORCHRELAY_ROLE": role,
             "TORCHRELAY_NODE": self.node,
         }
-        command = [sys.executable, "-u", self.config.script, *self.config.script_args]
-        proc = spawn(
-            command,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
+        proc = self._forked(env) if role == "spare" else None
+        if proc is None:
+            command = [sys.executable, "-u", self.config.script, *self.config.script_args]
+            proc = spawn(
+                command,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
         with self._lock:
             self._procs[process] = proc
             if self._stopping:  # stop_all() ran while it was being started
@@ -144,8 +153,22 @@ class NodeAgent:
         thread.start()
         self._threads.append(thread)
 
+    def _forked(self, env: dict[str, str]) -> ForkedProcess | None:
+        """The spare forked from this node's template, or ``None`` (no template: the caller
+        spawns it; the first failure is said once on stderr)."""
+        template = self._template
+        if template is None or self._template_failed:
+            return None
+        try:
+            return template.fork([self.config.script, *self.config.script_args], env)
+        except TemplateUnavailable as exc:
+            self._template_failed = True
+            with self._print_lock:
+                print(f"torchrelay: spares start as fresh processes: {exc}", file=sys.stderr)
+            return None
+
     # ------------------------------------------------------------------ watch
-    def _supervise(self, process: str, proc: subprocess.Popen[bytes]) -> None:
+    def _supervise(self, process: str, proc: subprocess.Popen[bytes] | ForkedProcess) -> None:
         assert proc.stdout is not None
         pump = threading.Thread(target=self._pump, args=(process, proc.stdout), daemon=True)
         pump.start()
@@ -241,6 +264,7 @@ class NodeAgent:
                 proc.wait()
         for thread in list(self._threads):
             thread.join(timeout=5.0)
+        self._close_template()
 
     def wait_all(self, timeout: float) -> bool:
         """Wait until every process has exited; ``False`` on timeout."""
@@ -254,4 +278,11 @@ class NodeAgent:
                 return False
         for thread in self._threads:
             thread.join(timeout=5.0)
+        self._close_template()
         return True
+
+    def _close_template(self) -> None:
+        with self._lock:
+            template, self._template = self._template, None
+        if template is not None:
+            template.close()

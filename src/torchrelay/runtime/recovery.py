@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import resource
 import sys
 import threading
 import time
@@ -17,6 +18,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from torchrelay.agent.template import FORKED_ENV
 from torchrelay.chaos import ChaosEvent
 from torchrelay.control.protocol import (
     Abort,
@@ -37,6 +39,7 @@ from torchrelay.runtime.env import RelayEnv
 from torchrelay.runtime.guard import GenerationAborted
 from torchrelay.runtime.replicas import LocalMirror
 from torchrelay.runtime.tracked import TrackedState
+from torchrelay.runtime.warmup import warm_optimizer
 from torchrelay.transfer.engine import receive_state, schema_key, send_state
 
 KEY_POLL = datetime.timedelta(milliseconds=200)
@@ -110,7 +113,14 @@ class Recovery:
         return message
 
     def _await_assignment(self) -> None:
-        message = self._report_and_wait(Ready(), Plan, Finish)
+        for optimizer in self.tracked.optimizers():
+            warm_optimizer(optimizer)
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        ready = Ready(
+            cpu_seconds=round(usage.ru_utime + usage.ru_stime, 4),
+            forked=FORKED_ENV in os.environ,
+        )
+        message = self._report_and_wait(ready, Plan, Finish)
         if not isinstance(message, Plan):
             self._closing.set()
             raise SystemExit(0)
