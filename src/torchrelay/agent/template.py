@@ -134,9 +134,10 @@ class SpareTemplate:
             finally:
                 os.close(write)
             answer = self._next_answer()
-            if answer is None:
+            if answer is None or "pid" not in answer:
                 os.close(read)
-                raise TemplateUnavailable(f"the template is gone ({self._gone})")
+                why = self._gone if answer is None else answer.get("error")
+                raise TemplateUnavailable(f"the template did not fork ({why})")
             child = ForkedProcess(int(answer["pid"]), os.fdopen(read, "rb"))
             with self._state:
                 self._children[child.pid] = child

@@ -29,13 +29,13 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import resource
 import runpy
 import select
 import signal
 import socket
 import sys
 import time
-from typing import Any
 
 from torchrelay.agent.deathsig import bind_to_parent
 from torchrelay.agent.template import FORKED_ENV, MAX_MESSAGE, decode, encode
@@ -60,8 +60,8 @@ def _warm() -> None:
 
 
 def _cpu_seconds() -> float:
-    times = os.times()
-    return times.user + times.system
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def serve(channel: socket.socket) -> int:
@@ -72,6 +72,10 @@ def serve(channel: socket.socket) -> int:
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # only to wake select through wake_w
+    # A stop reaches the spares themselves (their own process groups); the template goes when
+    # the agent hangs up, or with the launcher. Restored in each child.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     channel.send(encode({"ready": os.getpid()}))
     while True:
         readable, _, _ = select.select([channel, wake_r], [], [])
@@ -87,7 +91,16 @@ def serve(channel: socket.socket) -> int:
             return 0
         if not raw:
             return 0  # the agent closed its end: the job is over
-        request = decode(raw)
+        try:
+            request = decode(raw)
+            argv, env = list(request["argv"]), dict(request["env"])
+            if len(fds) != 1:
+                raise ValueError(f"a request needs one output descriptor, not {len(fds)}")
+        except (ValueError, KeyError, TypeError) as exc:
+            for fd in fds:
+                os.close(fd)
+            channel.send(encode({"error": f"bad request: {exc}"}))
+            continue
         started, cpu, template = time.monotonic(), _cpu_seconds(), os.getpid()
         pid = os.fork()
         if pid == 0:
@@ -95,7 +108,9 @@ def serve(channel: socket.socket) -> int:
                 os.close(fd)
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            _become(request, fds[0], template)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            _become(argv, env, fds[0], template)
             return 0
         for fd in fds:
             os.close(fd)
@@ -117,7 +132,7 @@ def _reap(channel: socket.socket) -> None:
             channel.send(encode({"exit": pid, "code": os.waitstatus_to_exitcode(status)}))
 
 
-def _become(request: dict[str, Any], output: int, template: int) -> None:
+def _become(argv: list[str], env: dict[str, str], output: int, template: int) -> None:
     """In the forked child: become the requested process and run its script."""
     os.setsid()
     bind_to_parent(template)
@@ -128,9 +143,8 @@ def _become(request: dict[str, Any], output: int, template: int) -> None:
     os.dup2(devnull, 0)
     os.close(devnull)
     os.environ.clear()
-    os.environ.update(request["env"])
+    os.environ.update(env)
     os.environ[FORKED_ENV] = str(template)
-    argv = list(request["argv"])
     sys.argv = argv
     sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
     runpy.run_path(argv[0], run_name="__main__")
