@@ -34,7 +34,9 @@ def free_port() -> int:
 def worker_env(**extra: str) -> dict[str, str]:
     """The environment every child gets: one intra-op thread (2 cores, 2+ processes)."""
     env = dict(os.environ)
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO_ROOT), PYTHONUNBUFFERED="1", **extra)
+    # src/ first: the checkout under test, not whatever torchrelay the venv has installed.
+    path = os.pathsep.join((str(REPO_ROOT / "src"), str(REPO_ROOT)))
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=path, PYTHONUNBUFFERED="1", **extra)
     return env
 
 
