@@ -7,10 +7,12 @@ interpreter start and ``import torch``. :meth:`SpareTemplate.fork` returns a
 :class:`ForkedProcess`: the part of ``subprocess.Popen`` the agent uses (``pid``, ``stdout``,
 ``poll``, ``wait``), its exit status delivered by the template, which is its parent.
 
-Failure behaviour: :meth:`fork` raises :class:`TemplateUnavailable` when the template did not
-start, is not ready within ``ready_timeout``, or is gone; the agent then spawns the spare
-plainly. If the template dies, every process it forked dies too (their parent-death signal):
-each handle reports ``-SIGKILL``, as for any killed process.
+The template dies as any job process does (SIGKILL with the launcher, a signal sent to it);
+it is reaped as soon as it is gone. Failure behaviour: :meth:`fork` raises
+:class:`TemplateUnavailable` when the template did not start, is not ready within
+``ready_timeout``, or is gone; the agent then spawns the spare plainly. If the template dies,
+every process it forked dies too (their parent-death signal): each handle reports
+``-SIGKILL``, as for any killed process.
 """
 
 from __future__ import annotations
@@ -190,6 +192,8 @@ class SpareTemplate:
                 else:
                     self._answers.append(message)
                 self._state.notify_all()
+        if self._proc is not None:
+            self._proc.wait()  # it hung up by exiting: reap it now, not at the job's end
         with self._state:
             self._gone = reason
             orphans = list(self._children.values())

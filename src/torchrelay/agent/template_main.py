@@ -72,10 +72,6 @@ def serve(channel: socket.socket) -> int:
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # only to wake select through wake_w
-    # A stop reaches the spares themselves (their own process groups); the template goes when
-    # the agent hangs up, or with the launcher. Restored in each child.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
     channel.send(encode({"ready": os.getpid()}))
     while True:
         readable, _, _ = select.select([channel, wake_r], [], [])
@@ -108,8 +104,6 @@ def serve(channel: socket.socket) -> int:
                 os.close(fd)
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            signal.signal(signal.SIGINT, signal.default_int_handler)
             _become(argv, env, fds[0], template)
             return 0
         for fd in fds:

@@ -8,15 +8,20 @@ A mixin of :class:`torchrelay.runtime.relay.Relay`; it relies on the attributes 
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
+import queue
 import resource
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
+import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 from torchrelay.agent.template import FORKED_ENV
 from torchrelay.chaos import ChaosEvent
@@ -33,16 +38,19 @@ from torchrelay.control.protocol import (
     Report,
     Retire,
 )
+from torchrelay.control.wire import WireError, seal, unseal
 from torchrelay.progress import ByteProgress
 from torchrelay.runtime.devices import new_group
 from torchrelay.runtime.env import RelayEnv
 from torchrelay.runtime.guard import GenerationAborted
 from torchrelay.runtime.replicas import LocalMirror
 from torchrelay.runtime.tracked import TrackedState
-from torchrelay.runtime.warmup import warm_optimizer
+from torchrelay.runtime.warmup import signature_of, warm_model, warm_optimizer
 from torchrelay.transfer.engine import receive_state, schema_key, send_state
 
 KEY_POLL = datetime.timedelta(milliseconds=200)
+IDLE_POLL = 0.2  # seconds between a waiting spare's looks for its warm-up's input signature
+SIGNATURE_KEY = "torchrelay/input_signature"
 
 
 class Recovery:
@@ -64,6 +72,7 @@ class Recovery:
     _first_after_recovery: bool
     _state_valid: bool
     _retired: list[dist.ProcessGroup]
+    _current_step: int | None
 
     def _bind(self, generation: int, rank: int) -> None:
         self.guard.enter_generation(generation)
@@ -113,6 +122,8 @@ class Recovery:
         return message
 
     def _await_assignment(self) -> None:
+        """Warm up, report ready, and wait for a slot (warming the model once rank 0 has
+        published its input signature, if it had not yet)."""
         for optimizer in self.tracked.optimizers():
             warm_optimizer(optimizer)
         usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -120,11 +131,51 @@ class Recovery:
             cpu_seconds=round(usage.ru_utime + usage.ru_stime, 4),
             forked=FORKED_ENV in os.environ,
         )
-        message = self._report_and_wait(ready, Plan, Finish)
+        with self._waiting_lock:
+            self._waiting = ready
+        self._send(ready)
+        message = self._next_message(Plan, Finish, idle=self._warm_model)
+        with self._waiting_lock:
+            self._waiting = None
         if not isinstance(message, Plan):
             self._closing.set()
             raise SystemExit(0)
         self._apply_plan(message)
+
+    def _watch_inputs(self, module: torch.nn.Module) -> None:
+        """Rank 0 publishes the shapes of ``module``'s inputs at its first step, for spares
+        to warm their model with (see :mod:`warmup`); sealed, as anything a process acts on."""
+        published = False
+
+        def hook(_: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            nonlocal published
+            if published or self.rank != 0 or self._current_step is None:
+                return
+            published = True
+            body = {"signature": signature_of(args, kwargs)}
+            with contextlib.suppress(dist.DistError, RuntimeError):  # a warm-up is optional
+                self._store.set(SIGNATURE_KEY, seal(body, self.env.token))
+
+        module.register_forward_pre_hook(hook, with_kwargs=True)
+
+    def _warm_model(self) -> bool:
+        """Idle work of a waiting spare: warm the tracked model once its input signature is
+        published; ``True`` when there is nothing left to do (warmed, or cannot be)."""
+        modules = self.tracked.modules()
+        if not modules:
+            return True
+        try:
+            if not self._store.check([SIGNATURE_KEY]):
+                return False
+            signature = unseal(self._store.get(SIGNATURE_KEY), self.env.token)["signature"]
+        except (dist.DistError, RuntimeError, WireError, KeyError):
+            return True
+        module = modules[0]
+        if isinstance(module, DistributedDataParallel):
+            module = module.module  # its reducer takes no part (no DDP forward ran)
+        if isinstance(signature, dict):
+            warm_model(module, signature, self.device)
+        return True
 
     def _handover_due(self) -> bool:
         """Whether this rank stops here for a planned handover: its generation's boundary
@@ -173,9 +224,18 @@ class Recovery:
                 self._apply_plan(message)
                 return False
 
-    def _next_message(self, *kinds: type[Message]) -> Message:
+    def _next_message(
+        self, *kinds: type[Message], idle: Callable[[], bool] | None = None
+    ) -> Message:
+        """The next message of one of ``kinds``; while none comes, ``idle()`` is called
+        every :data:`IDLE_POLL` seconds until it returns ``True`` (done)."""
         while True:
-            message = self._inbox.get()
+            try:
+                message = self._inbox.get(timeout=None if idle is None else IDLE_POLL)
+            except queue.Empty:
+                if idle is not None and idle():
+                    idle = None
+                continue
             if isinstance(message, kinds):
                 return message
 
