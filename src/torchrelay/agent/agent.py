@@ -133,16 +133,30 @@ class NodeAgent:
             "TORCHRELAY_ROLE": role,
             "TORCHRELAY_NODE": self.node,
         }
-        proc = self._forked(env) if role == "spare" else None
-        if proc is None:
-            command = [sys.executable, "-u", self.config.script, *self.config.script_args]
-            proc = spawn(
-                command,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
+        if role == "spare" and self._template is not None and not self._template_failed:
+            # Off this thread: the template may still be importing torch, and the caller may
+            # be a remote node's heartbeat loop or the controller's recovery thread. Nobody
+            # can signal the spare before it joins, and a stop meanwhile is seen below.
+            start = threading.Thread(
+                target=self._start_forked, args=(process, env), name=f"agent-start-{process}"
             )
+            start.daemon = True
+            start.start()
+            self._threads.append(start)
+            return
+        self._register(process, self._spawn(env))
+
+    def _spawn(self, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        command = [sys.executable, "-u", self.config.script, *self.config.script_args]
+        return spawn(
+            command,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+
+    def _register(self, process: str, proc: subprocess.Popen[bytes] | ForkedProcess) -> None:
         with self._lock:
             self._procs[process] = proc
             if self._stopping:  # stop_all() ran while it was being started
@@ -153,6 +167,14 @@ class NodeAgent:
         thread.start()
         self._threads.append(thread)
 
+    def _start_forked(self, process: str, env: dict[str, str]) -> None:
+        proc = self._forked(env)
+        if proc is None:
+            if self._stopping:  # the template was closed by a stop: start nothing now
+                return
+            proc = self._spawn(env)
+        self._register(process, proc)
+
     def _forked(self, env: dict[str, str]) -> ForkedProcess | None:
         """The spare forked from this node's template, or ``None`` (no template: the caller
         spawns it; the first failure is said once on stderr)."""
@@ -162,6 +184,8 @@ class NodeAgent:
         try:
             return template.fork([self.config.script, *self.config.script_args], env)
         except TemplateUnavailable as exc:
+            if self._stopping:
+                return None
             self._template_failed = True
             with self._print_lock:
                 print(f"torchrelay: spares start as fresh processes: {exc}", file=sys.stderr)
@@ -234,8 +258,11 @@ class NodeAgent:
         with self._lock:
             self._stopping = True
             names = list(self._procs)
+            template = self._template
         for name in names:
             self.kill(name)
+        if template is not None:
+            template.kill()
 
     def alive(self) -> list[str]:
         with self._lock:
@@ -262,9 +289,9 @@ class NodeAgent:
             except subprocess.TimeoutExpired:
                 signal_group(proc.pid, signal.SIGKILL)
                 proc.wait()
+        self._close_template()  # before the joins: reporting exits may take a while
         for thread in list(self._threads):
             thread.join(timeout=5.0)
-        self._close_template()
 
     def wait_all(self, timeout: float) -> bool:
         """Wait until every process has exited; ``False`` on timeout."""
@@ -276,9 +303,9 @@ class NodeAgent:
                 proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 return False
+        self._close_template()
         for thread in self._threads:
             thread.join(timeout=5.0)
-        self._close_template()
         return True
 
     def _close_template(self) -> None:

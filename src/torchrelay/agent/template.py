@@ -28,7 +28,7 @@ import threading
 from pathlib import Path
 from typing import IO, Any
 
-from torchrelay.agent.spawn import spawn
+from torchrelay.agent.spawn import signal_group, spawn
 
 FORKED_ENV = "TORCHRELAY_TEMPLATE_PID"  # set in a forked spare: the template it came from
 MAX_MESSAGE = 4 << 20  # an environment and argv, as JSON
@@ -148,15 +148,25 @@ class SpareTemplate:
                 child._set_exit(early)
             return child
 
-    def close(self) -> None:
-        """Hang up: the template exits (what it forked and is still running dies with it)."""
+    def close(self, grace: float = 5.0) -> None:
+        """Hang up: the template exits (what it forked and is still running dies with it);
+        SIGKILLed if it has not within ``grace`` seconds (it may still be importing torch)."""
         channel, self._channel = self._channel, None
         if channel is not None:
             with contextlib.suppress(OSError):
                 channel.shutdown(socket.SHUT_RDWR)  # wakes the listener (EOF), ends the template
             channel.close()
         if self._proc is not None:
-            self._proc.wait()
+            try:
+                self._proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                self.kill()
+                self._proc.wait()
+
+    def kill(self) -> None:
+        """SIGKILL the template (a lost node): what it forked dies with it."""
+        if self._proc is not None:
+            signal_group(self._proc.pid, signal.SIGKILL)
 
     # ------------------------------------------------------------------ internals
     def _await_ready(self) -> None:
