@@ -9,11 +9,15 @@ from bench.systems.base import RunOutput, RunSpec
 
 
 class TorchrelaySpare:
-    """The launcher replaces a killed worker with a hot spare fed from the survivors."""
+    """The launcher replaces a killed worker with a hot spare fed from the survivors;
+    ``launcher_args`` are added to ``torchrelay run`` (e.g. ``--no-spare-template``)."""
 
     name = "torchrelay"
     label = "torchrelay + spare"
     tolerates_failures = True
+
+    def __init__(self, launcher_args: tuple[str, ...] = ()) -> None:
+        self.launcher_args = launcher_args
 
     def run(self, spec: RunSpec) -> RunOutput:
         run_dir = spec.workdir / "relay"
@@ -27,6 +31,7 @@ class TorchrelaySpare:
             "--run-dir",
             str(run_dir),
             "--quiet",
+            *self.launcher_args,
             str(WORKERS / "relay_worker.py"),
             *spec.worker_args(),
         ]

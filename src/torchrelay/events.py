@@ -188,8 +188,13 @@ class TrainingDone(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class SpareReady(Event):
+    """A spare can take a slot: ``cpu_seconds`` it used to get there (its own, since fork or
+    exec), ``forked`` whether it came from its node's template."""
+
     TAG: ClassVar[str] = "spare_ready"
     process: str
+    cpu_seconds: float | None = optional()
+    forked: bool | None = optional()
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -25,6 +25,7 @@ from typing import IO, Any
 
 from torchrelay.agent.resume import checkpoint_environment
 from torchrelay.agent.spawn import signal_group, spawn
+from torchrelay.agent.template import ForkedProcess, SpareTemplate, TemplateUnavailable
 from torchrelay.config import JobConfig
 from torchrelay.health import quarantine
 from torchrelay.health.poller import HealthPoller, node_sources
@@ -50,7 +51,9 @@ class NodeAgent:
         self.environment: dict[str, str] = dict(os.environ)
         self._on_exit = on_exit
         self._label = label
-        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._procs: dict[str, subprocess.Popen[bytes] | ForkedProcess] = {}
+        self._template: SpareTemplate | None = None
+        self._template_failed = False  # said once, then spares are spawned plainly
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._print_lock = threading.Lock()
@@ -123,6 +126,10 @@ class NodeAgent:
             }
             taken = held | avoid
             self._local_index[name] = next(i for i in itertools.count() if i not in taken)
+            if self.config.spare_template and self._template is None:
+                # Its import of torch runs while the first spares would import it anyway.
+                self._template = SpareTemplate(self.log_dir / "template.log")
+                self._template.start(self.environment)
         self._start(name, "spare", {"LOCAL_RANK": str(self._local_index[name])})
 
     def _start(self, process: str, role: str, extra: dict[str, str]) -> None:
@@ -133,6 +140,20 @@ class NodeAgent:
             "TORCHRELAY_ROLE": role,
             "TORCHRELAY_NODE": self.node,
         }
+        if role == "spare" and self._template is not None and not self._template_failed:
+            # Off this thread: the template may still be importing torch, and the caller may
+            # be a remote node's heartbeat loop or the controller's recovery thread. Nobody
+            # can signal the spare before it joins, and a stop meanwhile is seen below.
+            start = threading.Thread(
+                target=self._start_forked, args=(process, env), name=f"agent-start-{process}"
+            )
+            start.daemon = True
+            start.start()
+            self._threads.append(start)
+            return
+        self._adopt(process, *self._spawn(env))
+
+    def _spawn(self, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], Channel | None]:
         command = [sys.executable, "-u", self.config.script, *self.config.script_args]
         channel = Channel.open() if self.config.transparent else None
         try:
@@ -147,9 +168,11 @@ class NodeAgent:
         finally:
             if channel is not None:
                 channel.close_child_ends()
-        self._adopt(process, proc, channel)
+        return proc, channel
 
-    def _adopt(self, process: str, proc: subprocess.Popen[bytes], channel: Channel | None) -> None:
+    def _adopt(
+        self, process: str, proc: subprocess.Popen[bytes] | ForkedProcess, channel: Channel | None
+    ) -> None:
         """Own ``proc`` as ``process``: its output, its exit, its signals."""
         with self._lock:
             self._procs[process] = proc
@@ -166,9 +189,34 @@ class NodeAgent:
         thread.start()
         self._threads.append(thread)
 
+    def _start_forked(self, process: str, env: dict[str, str]) -> None:
+        proc = self._forked(env)
+        if proc is None:
+            if self._stopping:  # the template was closed by a stop: start nothing now
+                return
+            self._adopt(process, *self._spawn(env))
+            return
+        self._adopt(process, proc, None)
+
+    def _forked(self, env: dict[str, str]) -> ForkedProcess | None:
+        """The spare forked from this node's template, or ``None`` (no template: the caller
+        spawns it; the first failure is said once on stderr)."""
+        template = self._template
+        if template is None or self._template_failed:
+            return None
+        try:
+            return template.fork([self.config.script, *self.config.script_args], env)
+        except TemplateUnavailable as exc:
+            if self._stopping:
+                return None
+            self._template_failed = True
+            with self._print_lock:
+                print(f"torchrelay: spares start as fresh processes: {exc}", file=sys.stderr)
+            return None
+
     # ------------------------------------------------------------------ watch
     def _supervise(
-        self, process: str, proc: subprocess.Popen[bytes], channel: Channel | None
+        self, process: str, proc: subprocess.Popen[bytes] | ForkedProcess, channel: Channel | None
     ) -> None:
         assert proc.stdout is not None
         pump = threading.Thread(target=self._pump, args=(process, proc.stdout), daemon=True)
@@ -300,8 +348,11 @@ class NodeAgent:
         with self._lock:
             self._stopping = True
             names = list(self._procs)
+            template = self._template
         for name in names:
             self.kill(name)
+        if template is not None:
+            template.kill()
 
     def alive(self) -> list[str]:
         with self._lock:
@@ -328,6 +379,7 @@ class NodeAgent:
             except subprocess.TimeoutExpired:
                 signal_group(proc.pid, signal.SIGKILL)
                 proc.wait()
+        self._close_template()  # before the joins: reporting exits may take a while
         for thread in list(self._threads):
             thread.join(timeout=5.0)
 
@@ -341,6 +393,13 @@ class NodeAgent:
                 proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 return False
+        self._close_template()
         for thread in self._threads:
             thread.join(timeout=5.0)
         return True
+
+    def _close_template(self) -> None:
+        with self._lock:
+            template, self._template = self._template, None
+        if template is not None:
+            template.close()

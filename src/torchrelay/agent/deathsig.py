@@ -19,14 +19,19 @@ import sys
 PR_SET_PDEATHSIG = 1
 
 
-def main() -> None:
-    launcher, command = int(sys.argv[1]), sys.argv[2:]
+def bind_to_parent(parent: int) -> None:
+    """Be SIGKILLed when ``parent`` (this process's parent) dies; if it already died, die now."""
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-    if os.getppid() != launcher:
-        # The launcher died between our fork and the prctl: do what the signal would have done.
+    if os.getppid() != parent:
+        # The parent died between our fork and the prctl: do what the signal would have done.
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def main() -> None:
+    launcher, command = int(sys.argv[1]), sys.argv[2:]
+    bind_to_parent(launcher)
     os.execv(command[0], command)
 
 

@@ -172,7 +172,10 @@ def _on_ready(job: JobState, member: Member, message: Ready, now: float) -> list
     if member.role is not Role.SPARE or member.state is not MemberState.STARTING:
         raise ProtocolError(f"{member.process} reported ready but is {member.state.value}")
     move(member, MemberState.READY)
-    return [Record(events.SpareReady(process=member.process))]
+    ready = events.SpareReady(
+        process=member.process, cpu_seconds=message.cpu_seconds, forked=message.forked
+    )
+    return [Record(ready)]
 
 
 def _on_halted(job: JobState, member: Member, message: Halted, now: float) -> list[Action]:

@@ -116,9 +116,12 @@ class Progress(Report):
 
 @dataclass(frozen=True, kw_only=True)
 class Ready(Report):
-    """A spare reached its first step boundary: it can take a slot."""
+    """A spare reached its first step boundary: it can take a slot. ``cpu_seconds``: the CPU
+    time it used to get there; ``forked``: whether its node's template forked it."""
 
     TAG: ClassVar[str] = "ready"
+    cpu_seconds: float | None = optional()
+    forked: bool | None = optional()
 
 
 @dataclass(frozen=True, kw_only=True)

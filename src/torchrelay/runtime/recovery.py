@@ -8,15 +8,22 @@ A mixin of :class:`torchrelay.runtime.relay.Relay`; it relies on the attributes 
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
+import queue
+import resource
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
+import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
+from torchrelay.agent.template import FORKED_ENV
 from torchrelay.chaos import ChaosEvent
 from torchrelay.control.protocol import (
     Abort,
@@ -31,17 +38,21 @@ from torchrelay.control.protocol import (
     Report,
     Retire,
 )
+from torchrelay.control.wire import WireError, seal, unseal
 from torchrelay.progress import ByteProgress
 from torchrelay.runtime.devices import new_group
 from torchrelay.runtime.env import RelayEnv
 from torchrelay.runtime.guard import GenerationAborted
 from torchrelay.runtime.replicas import LocalMirror
 from torchrelay.runtime.tracked import TrackedState
+from torchrelay.runtime.warmup import signature_of, warm_model, warm_optimizer
 from torchrelay.transfer.buffers import Prefault, publish_layout
 from torchrelay.transfer.engine import receive_state, schema_key, send_state
 from torchrelay.transfer.sums import ChunkSums
 
 KEY_POLL = datetime.timedelta(milliseconds=200)
+IDLE_POLL = 0.2  # seconds between a waiting spare's looks for its warm-up's input signature
+SIGNATURE_KEY = "torchrelay/input_signature"
 
 
 class Recovery:
@@ -66,6 +77,7 @@ class Recovery:
     _prefault: Prefault | None
     _layout_shared: int
     _sums: ChunkSums | None
+    _current_step: int | None
 
     def _bind(self, generation: int, rank: int) -> None:
         self.guard.enter_generation(generation)
@@ -103,26 +115,73 @@ class Recovery:
         while self._retired:
             self._retired.pop()
 
-    def _report_and_wait(self, report: Report, *kinds: type[Message]) -> Message:
-        """Send ``report`` and wait for a message of one of ``kinds``; while this process waits,
-        a new leader gets ``report`` again (see ``ControlLink._on_new_leader``)."""
+    def _report_and_wait(
+        self, report: Report, *kinds: type[Message], idle: Callable[[], bool] | None = None
+    ) -> Message:
+        """Send ``report`` and wait for a message of one of ``kinds`` (running ``idle`` while
+        none comes, see ``_next_message``); while this process waits, a new leader gets
+        ``report`` again (see ``ControlLink._on_new_leader``)."""
         with self._waiting_lock:
             self._waiting = report
         self._send(report)
-        message = self._next_message(*kinds)
+        message = self._next_message(*kinds, idle=idle)
         with self._waiting_lock:
             self._waiting = None
         return message
 
     def _await_assignment(self) -> None:
+        """Warm up, report ready, and wait for a slot (warming the model once rank 0 has
+        published its input signature, if it had not yet)."""
+        for optimizer in self.tracked.optimizers():
+            warm_optimizer(optimizer)
         # While it waits, the spare maps the memory it will receive into (transfer.buffers).
         own = {"step": self.committed, "objects": self.tracked.state()}
         self._prefault = Prefault(self._store_address, self.env.token, own, self.device)
-        message = self._report_and_wait(Ready(), Plan, Finish)
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        ready = Ready(
+            cpu_seconds=round(usage.ru_utime + usage.ru_stime, 4),
+            forked=FORKED_ENV in os.environ,
+        )
+        message = self._report_and_wait(ready, Plan, Finish, idle=self._warm_model)
         if not isinstance(message, Plan):
             self._closing.set()
             raise SystemExit(0)
         self._apply_plan(message)
+
+    def _watch_inputs(self, module: torch.nn.Module) -> None:
+        """Rank 0 publishes the shapes of ``module``'s inputs at its first step, for spares
+        to warm their model with (see :mod:`warmup`); sealed, as anything a process acts on."""
+        published = False
+
+        def hook(_: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            nonlocal published
+            if published or self.rank != 0 or self._current_step is None:
+                return
+            published = True
+            body = {"signature": signature_of(args, kwargs)}
+            with contextlib.suppress(dist.DistError, RuntimeError):  # a warm-up is optional
+                self._store.set(SIGNATURE_KEY, seal(body, self.env.token))
+
+        module.register_forward_pre_hook(hook, with_kwargs=True)
+
+    def _warm_model(self) -> bool:
+        """Idle work of a waiting spare: warm the tracked model once its input signature is
+        published; ``True`` when there is nothing left to do (warmed, or cannot be)."""
+        modules = self.tracked.modules()
+        if not modules:
+            return True
+        try:
+            if not self._store.check([SIGNATURE_KEY]):
+                return False
+            signature = unseal(self._store.get(SIGNATURE_KEY), self.env.token)["signature"]
+        except (dist.DistError, RuntimeError, WireError, KeyError):
+            return True
+        module = modules[0]
+        if isinstance(module, DistributedDataParallel):
+            module = module.module  # its reducer takes no part (no DDP forward ran)
+        if isinstance(signature, dict):
+            warm_model(module, signature, self.device)
+        return True
 
     def _handover_due(self) -> bool:
         """Whether this rank stops here for a planned handover: its generation's boundary
@@ -188,9 +247,18 @@ class Recovery:
                 self._apply_plan(message)
                 return False
 
-    def _next_message(self, *kinds: type[Message]) -> Message:
+    def _next_message(
+        self, *kinds: type[Message], idle: Callable[[], bool] | None = None
+    ) -> Message:
+        """The next message of one of ``kinds``; while none comes, ``idle()`` is called
+        every :data:`IDLE_POLL` seconds until it returns ``True`` (done)."""
         while True:
-            message = self._inbox.get()
+            try:
+                message = self._inbox.get(timeout=None if idle is None else IDLE_POLL)
+            except queue.Empty:
+                if idle is not None and idle():
+                    idle = None
+                continue
             if isinstance(message, kinds):
                 return message
 

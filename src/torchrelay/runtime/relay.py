@@ -172,6 +172,8 @@ class Relay(ControlLink, Recovery, ChaosInjection):
                 self._prepare_ddp(obj)
             if isinstance(obj, torch.nn.Module):
                 obj.register_forward_pre_hook(lambda *_: self._maybe_fire("forward"))
+                if obj is self.tracked.modules()[0]:
+                    self._watch_inputs(obj)
 
     @contextlib.contextmanager
     def busy(self, reason: str) -> Iterator[None]:

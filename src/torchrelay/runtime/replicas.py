@@ -83,7 +83,8 @@ def digest(state: Any) -> int:
     header, tensors = _header(state)
     hasher = xxhash.xxh3_64(header)
     for tensor in tensors:
-        hasher.update(_tensor_bytes(tensor))
+        # The tensor's own bytes, not a copy: this runs at the first steps of every generation.
+        hasher.update(as_bytes(tensor.detach().cpu().contiguous()).numpy())
     return hasher.intdigest() & (2**63 - 1)
 
 

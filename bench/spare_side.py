@@ -1,0 +1,171 @@
+"""``python -m bench.spare_side``: the spare side of a recovery (issue 15), in one run.
+
+torchrelay jobs of the shared workload (``bench/workload.py``, 2 workers, 1 spare) run with and
+without the spare template (``--no-spare-template``), each failure-free and with 3 SIGKILLs,
+alternated in ``--pairs`` rounds so that both variants see the same load. Per variant:
+
+- **first step / median step**: for each recovery, the ledger's ``transfer_done ->
+  first_step`` over the median gap between consecutive commits before the kill (rank 0's
+  progress log), i.e. how much slower the first step after a recovery is than any other;
+- **refill CPU s**: the CPU seconds a refill spare (one started after the job's first failure)
+  used until it reported ready (``spare_ready.cpu_seconds``, its own since fork or exec), plus,
+  for a forked one, the template's CPU for the fork (``template.log``);
+- **end-to-end ratio**: launch-to-exit time with 3 kills over the failure-free job's, within
+  the same round; and the same ratio of the **training span** (first to last commit), which
+  leaves out the start-up (seconds of ``import torch`` that a loaded machine stretches at
+  random, the same in both jobs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench import metrics
+from bench.runner import _kills
+from bench.systems import RunSpec, TorchrelaySpare
+
+VARIANTS = {"template": (), "no template": ("--no-spare-template",)}
+FORKED = re.compile(r"forked pid (\d+) in [\d.]+ ms \(([\d.]+) ms of CPU\)")
+
+
+@dataclass
+class VariantFigures:
+    """What one variant measured, over all its rounds."""
+
+    first_step_ratios: list[float] = field(default_factory=list)
+    refill_cpu_s: list[float] = field(default_factory=list)
+    end_to_end_ratios: list[float] = field(default_factory=list)
+    span_ratios: list[float] = field(default_factory=list)
+    forked_refills: int = 0
+
+
+def first_step_ratios(
+    events: Sequence[Mapping[str, Any]],
+    commits: Sequence[metrics.Commit],
+    kills: Sequence[metrics.Kill],
+) -> list[float]:
+    """``transfer_done -> first_step`` of each recovery over the median step before its kill."""
+    done = [e for e in events if e.get("event") == "recovery_done"]
+    ratios = []
+    for event, kill in zip(done, kills, strict=False):
+        timeline = event["timeline"]
+        first = timeline["first_step"] - timeline["transfer_done"]
+        ratios.append(first / metrics.normal_interval(commits, kill.t))
+    return ratios
+
+
+def refill_cpu(events: Sequence[Mapping[str, Any]], template_log: str) -> list[tuple[float, bool]]:
+    """``(CPU seconds, forked)`` of every refill spare: one that joined after the first
+    failure, its own CPU until ready plus the template's for its fork."""
+    first_failure = min((e["t"] for e in events if e.get("event") == "failure"), default=None)
+    if first_failure is None:
+        return []
+    template_cpu = {int(pid): float(ms) / 1e3 for pid, ms in FORKED.findall(template_log)}
+    joined = {
+        e["process"]: e["pid"]
+        for e in events
+        if e.get("event") == "process_join" and e["role"] == "spare" and e["t"] > first_failure
+    }
+    found = []
+    for event in events:
+        if event.get("event") != "spare_ready" or event["process"] not in joined:
+            continue
+        share = template_cpu.get(joined[event["process"]], 0.0)
+        found.append((event["cpu_seconds"] + share, bool(event.get("forked"))))
+    return found
+
+
+def span(commits: Sequence[metrics.Commit]) -> float:
+    """Seconds from the first commit to the last."""
+    return commits[-1].t - commits[0].t
+
+
+def _run(variant: str, workdir: Path, args: argparse.Namespace, kills: tuple[int, ...]) -> dict:
+    workdir.mkdir(parents=True)
+    spec = RunSpec(args.model, args.steps, 2, kills, 1, workdir, timeout_s=300.0)
+    out = TorchrelaySpare(VARIANTS[variant]).run(spec)
+    if out.returncode != 0:
+        raise RuntimeError(f"{variant}: exit code {out.returncode}; logs in {workdir}")
+    assert out.ledger is not None
+    events = [json.loads(line) for line in out.ledger.read_text().splitlines() if line.strip()]
+    template_log = workdir / "relay" / "logs" / "template.log"
+    return {
+        "wall_s": out.wall_s,
+        "events": events,
+        "commits": metrics.parse_progress(spec.progress_file.read_text()),
+        "kills": _kills(workdir),
+        "template_log": template_log.read_text() if template_log.exists() else "",
+    }
+
+
+def measure(args: argparse.Namespace, root: Path) -> dict[str, VariantFigures]:
+    """Runs ``args.pairs`` rounds of every variant (failure-free, then 3 kills)."""
+    figures = {variant: VariantFigures() for variant in VARIANTS}
+    for round_ in range(args.pairs):
+        for variant, found in figures.items():
+            tag = variant.replace(" ", "_")
+            free = _run(variant, root / f"{tag}{round_}-free", args, ())
+            killed = _run(variant, root / f"{tag}{round_}-kills", args, tuple(args.kills))
+            found.end_to_end_ratios.append(killed["wall_s"] / free["wall_s"])
+            found.span_ratios.append(span(killed["commits"]) / span(free["commits"]))
+            found.first_step_ratios += first_step_ratios(
+                killed["events"], killed["commits"], killed["kills"]
+            )
+            refills = refill_cpu(killed["events"], killed["template_log"])
+            found.refill_cpu_s += [cpu for cpu, _ in refills]
+            found.forked_refills += sum(forked for _, forked in refills)
+            print(f"round {round_} {variant}: {json.dumps(summary(found))}", flush=True)
+    return figures
+
+
+def _cell(values: list[float], digits: int) -> str:
+    if not values:
+        return "-"
+    median = statistics.median(values)
+    return f"{median:.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
+
+
+def summary(found: VariantFigures) -> dict[str, str | int]:
+    return {
+        "first step / median step": _cell(found.first_step_ratios, 2),
+        "refill CPU s": _cell(found.refill_cpu_s, 3),
+        "end-to-end ratio, 3 kills": _cell(found.end_to_end_ratios, 3),
+        "training span ratio, 3 kills": _cell(found.span_ratios, 3),
+        "refills (forked)": f"{len(found.refill_cpu_s)} ({found.forked_refills})",
+    }
+
+
+def render(figures: Mapping[str, VariantFigures]) -> str:
+    """A markdown table: median (min-max) per variant."""
+    heads = list(summary(next(iter(figures.values()))))
+    lines = ["| variant | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
+    for variant, found in figures.items():
+        lines.append(f"| {variant} | " + " | ".join(map(str, summary(found).values())) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--pairs", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=540)
+    parser.add_argument("--kills", type=int, nargs=3, default=[125, 275, 425])
+    parser.add_argument("--model", default="small")
+    parser.add_argument("--json", type=Path, default=None, help="write the raw figures here")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-spare-") as tmp:
+        figures = measure(args, Path(tmp))
+    if args.json is not None:
+        args.json.write_text(json.dumps({k: asdict(v) for k, v in figures.items()}, indent=1))
+    print(render(figures))
+
+
+if __name__ == "__main__":
+    main()

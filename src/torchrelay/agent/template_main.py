@@ -1,0 +1,154 @@
+"""The spare template: ``python -u -m torchrelay.agent.template_main FD``, a fork server.
+
+Started once per node by the node agent (:class:`torchrelay.agent.template.SpareTemplate`),
+through the :mod:`deathsig` trampoline like every job process, it imports torch and torchrelay
+once, then forks a spare for each request that arrives on the socket ``FD`` -- the agent's end
+of a socketpair, inherited at start: nobody else can reach it. A forked spare skips the
+interpreter start and ``import torch`` (about 2.5 s of CPU on a loaded 2-core node) and goes
+straight to the user's script.
+
+This process stays single-threaded (a fork of a process with threads copies their locks,
+held or not) and starts no thread pool or OpenMP runtime before it forks: importing torch
+starts neither. Each child, before it runs the script:
+
+- leads a session (and process group) of its own, as :func:`spawn.spawn` arranges;
+- is bound to this template by ``PR_SET_PDEATHSIG`` (SIGKILL), and this template to the
+  launcher: a child cannot outlive either;
+- takes its stdout and stderr from the pipe the agent passed with the request (SCM_RIGHTS),
+  and ``/dev/null`` as stdin;
+- takes the request's environment and argv as its own, and runs the script as ``__main__``,
+  with the script's directory first on ``sys.path``; it then exits as the interpreter would
+  (atexit handlers, non-daemon threads joined).
+
+Exit statuses reach the agent from here (this process is the children's parent and reaps
+them on SIGCHLD). The template ends when the agent closes its end of the socket.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import resource
+import runpy
+import select
+import signal
+import socket
+import sys
+import time
+
+from torchrelay.agent.deathsig import bind_to_parent
+from torchrelay.agent.template import FORKED_ENV, MAX_MESSAGE, decode, encode
+
+# What a spare imports anyway; nothing here starts a thread (torch's pools and OpenMP start
+# lazily, gRPC at its first channel).
+WARM_IMPORTS = ("torch", "torch.distributed", "torch.nn.parallel", "torchrelay.runtime.relay")
+
+
+def _warm() -> None:
+    """Import what a spare imports, and what torch imports lazily on the way: building the
+    first optimizer of a process imports ~200 modules (0.6 s of CPU here)."""
+    for name in WARM_IMPORTS:
+        __import__(name)
+    import torch
+
+    torch.optim.AdamW([torch.zeros(1, requires_grad=True)])
+    # Leave the objects made so far out of every collection: a collection in a child would
+    # write to each one's header, copying the template's whole heap page by page.
+    gc.collect()
+    gc.freeze()
+
+
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def serve(channel: socket.socket) -> int:
+    """Answer fork requests until the agent hangs up (then return 0). In a forked child, run
+    its script; its ``SystemExit`` or uncaught exception ends the child as the interpreter
+    would end a script (the child never comes back to the loop)."""
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # only to wake select through wake_w
+    channel.send(encode({"ready": os.getpid()}))
+    while True:
+        readable, _, _ = select.select([channel, wake_r], [], [])
+        if wake_r in readable:
+            with contextlib.suppress(BlockingIOError):
+                os.read(wake_r, 4096)
+            _reap(channel)
+        if channel not in readable:
+            continue
+        try:
+            raw, fds, _, _ = socket.recv_fds(channel, MAX_MESSAGE, 1)
+        except OSError:
+            return 0
+        if not raw:
+            return 0  # the agent closed its end: the job is over
+        try:
+            request = decode(raw)
+            argv, env = list(request["argv"]), dict(request["env"])
+            if len(fds) != 1:
+                raise ValueError(f"a request needs one output descriptor, not {len(fds)}")
+        except (ValueError, KeyError, TypeError) as exc:
+            for fd in fds:
+                os.close(fd)
+            channel.send(encode({"error": f"bad request: {exc}"}))
+            continue
+        started, cpu, template = time.monotonic(), _cpu_seconds(), os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            for fd in (wake_r, wake_w, channel.fileno()):
+                os.close(fd)
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            _become(argv, env, fds[0], template)
+            return 0
+        for fd in fds:
+            os.close(fd)
+        cpu, seconds = _cpu_seconds() - cpu, time.monotonic() - started
+        # The template's share of a spare's cost; the spare reports its own when ready.
+        print(f"forked pid {pid} in {seconds * 1e3:.1f} ms ({cpu * 1e3:.1f} ms of CPU)", flush=True)
+        channel.send(encode({"pid": pid}))
+
+
+def _reap(channel: socket.socket) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        with contextlib.suppress(OSError):
+            channel.send(encode({"exit": pid, "code": os.waitstatus_to_exitcode(status)}))
+
+
+def _become(argv: list[str], env: dict[str, str], output: int, template: int) -> None:
+    """In the forked child: become the requested process and run its script."""
+    os.setsid()
+    bind_to_parent(template)
+    os.dup2(output, 1)
+    os.dup2(output, 2)
+    os.close(output)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    os.environ.clear()
+    os.environ.update(env)
+    os.environ[FORKED_ENV] = str(template)
+    sys.argv = argv
+    sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
+    runpy.run_path(argv[0], run_name="__main__")
+
+
+def main() -> None:
+    channel = socket.socket(fileno=int(sys.argv[1]))
+    _warm()
+    sys.exit(serve(channel))
+
+
+if __name__ == "__main__":
+    main()

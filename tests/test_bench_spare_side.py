@@ -1,0 +1,43 @@
+"""The figures of ``python -m bench.spare_side`` from a job's ledger, progress and template log."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import metrics
+from bench.spare_side import VariantFigures, first_step_ratios, refill_cpu, render, span
+
+
+def _commits(times: list[float]) -> list[metrics.Commit]:
+    return [metrics.Commit(step, t, 2) for step, t in enumerate(times)]
+
+
+def test_first_step_ratio_is_the_recovery_first_step_over_the_median_step_before_the_kill():
+    commits = _commits([0.0, 0.1, 0.2, 0.3, 0.5, 0.6])  # median gap before t=0.35: 0.1
+    recovery = {
+        "event": "recovery_done",
+        "timeline": {"transfer_done": 10.0, "first_step": 10.15},
+    }
+    ratios = first_step_ratios([recovery], commits, [metrics.Kill(4, 0.35)])
+    assert ratios == [pytest.approx(1.5)]
+
+
+def test_refill_cpu_counts_spares_joined_after_the_first_failure_plus_the_template_share():
+    events = [
+        {"event": "process_join", "t": 1.0, "process": "spare0", "role": "spare", "pid": 10},
+        {"event": "spare_ready", "t": 3.0, "process": "spare0", "cpu_seconds": 2.5},
+        {"event": "failure", "t": 5.0},
+        {"event": "process_join", "t": 5.1, "process": "spare1", "role": "spare", "pid": 11},
+        {"event": "spare_ready", "t": 5.3, "process": "spare1", "cpu_seconds": 0.08, "forked": 1},
+    ]
+    log = "forked pid 10 in 4.0 ms (3.0 ms of CPU)\nforked pid 11 in 5.0 ms (20.0 ms of CPU)\n"
+    assert refill_cpu(events, log) == [(pytest.approx(0.1), True)]
+    assert refill_cpu(events[:2], log) == []  # no failure: no refill
+
+
+def test_the_table_has_a_row_per_variant():
+    found = VariantFigures([1.2, 1.4], [0.1], [1.05], [1.02], 1)
+    table = render({"template": found, "no template": VariantFigures()})
+    assert "| template | 1.30 (1.20-1.40) | 0.100 (0.100-0.100) | 1.050" in table
+    assert "| no template | - | - | - | - | 0 (0) |" in table
+    assert span(_commits([2.0, 3.0, 4.5])) == 2.5

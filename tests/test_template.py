@@ -1,0 +1,105 @@
+"""The spare template (agent/template.py, agent/template_main.py): a fork server whose children
+are what a spawned spare is -- own session, bound to die with it, the request's argv,
+environment and output -- with their exit status delivered to the agent."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from torchrelay.agent.template import (
+    FORKED_ENV,
+    ForkedProcess,
+    SpareTemplate,
+    TemplateUnavailable,
+    decode,
+    encode,
+)
+
+CHILD = textwrap.dedent(
+    """
+    import os, sys, time
+    print("argv", sys.argv[1:], "env", sorted(os.environ), os.environ["SPARE_VALUE"])
+    print("session", os.getsid(0) == os.getpid(), "parent", os.getppid(), flush=True)
+    print("stderr too", file=sys.stderr, flush=True)
+    if sys.argv[1] == "wait":
+        sys.stdin.read()  # /dev/null: returns at once
+        time.sleep(3600)
+    raise SystemExit(int(sys.argv[1]))
+    """
+)
+
+
+def test_messages_are_json_objects_and_a_huge_request_is_refused():
+    assert decode(encode({"pid": 12})) == {"pid": 12}
+    with pytest.raises(ValueError):
+        decode(b"[1, 2]")
+    with pytest.raises(TemplateUnavailable):
+        encode({"env": {"X": "y" * (5 << 20)}})
+
+
+def test_a_handle_waits_for_the_exit_the_template_reports():
+    read, write = os.pipe()
+    os.close(write)
+    child = ForkedProcess(4242, os.fdopen(read, "rb"))
+    assert child.poll() is None
+    with pytest.raises(subprocess.TimeoutExpired):
+        child.wait(timeout=0.01)
+    child._set_exit(-signal.SIGKILL)
+    assert child.wait() == child.poll() == -signal.SIGKILL
+
+
+def test_a_template_that_never_became_ready_is_unavailable(tmp_path):
+    template = SpareTemplate(tmp_path / "template.log", ready_timeout=0.01)
+    with pytest.raises(TemplateUnavailable, match="not ready"):
+        template.fork(["x.py"], {})
+
+
+@pytest.mark.slow
+def test_forked_children_are_the_requested_processes_and_die_with_the_template(tmp_path):
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    template = SpareTemplate(tmp_path / "template.log")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    template.start(env)
+    try:
+        done = template.fork([str(script), "3"], {"SPARE_VALUE": "42"})
+        lines = done.stdout.read().decode().splitlines()
+        assert done.wait(timeout=60) == 3
+        # Exactly the request's environment, and the mark of the template it came from.
+        assert lines[0] == f"argv ['3'] env {sorted(['SPARE_VALUE', FORKED_ENV])} 42"
+        assert lines[1] == f"session True parent {template.pid}"
+        assert lines[2] == "stderr too"
+
+        waiting = template.fork([str(script), "wait"], {"SPARE_VALUE": "1"})
+        assert waiting.stdout.readline().startswith(b"argv")
+        assert Path(f"/proc/{waiting.pid}/environ").exists()
+        os.kill(template.pid, signal.SIGKILL)  # the template dies: so does what it forked
+        assert waiting.wait(timeout=60) == -signal.SIGKILL
+        assert _gone(waiting.pid)
+        with pytest.raises(TemplateUnavailable):
+            template.fork([str(script), "0"], {})
+        assert f"forked pid {done.pid} in" in (tmp_path / "template.log").read_text()
+    finally:
+        template.close()
+
+
+def _gone(pid: int, timeout: float = 30.0) -> bool:
+    """Whether ``pid`` (no longer anyone's child here) exits, or turns zombie, in time."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return True
+        if state == "Z":
+            return True
+        time.sleep(0.02)
+    return False
