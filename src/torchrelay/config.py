@@ -44,6 +44,10 @@ class JobConfig:
     node_timeout: float = 10.0
     straggler_ratio: float = 1.5
     drain_stragglers: int = 0  # hand a straggler's slot over after this many rounds; 0: never
+    # --elastic: a lost slot with no spare in sight is hosted by a survivor (docs/elastic.md)
+    # as long as at least ``min_nproc`` processes remain.
+    elastic: bool = False
+    min_nproc: int = 1
     chaos: list[ChaosEvent] = field(default_factory=list)
     master_addr: str = "127.0.0.1"
     master_port: int = 0

@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 from torchrelay.chaos import ChaosEvent
 from torchrelay.event_base import Event
 from torchrelay.events_durable import CheckpointSaved, FallbackRestart, Progress, Resumed
+from torchrelay.events_elastic import JobGrown, JobShrunk
 from torchrelay.events_moves import (
     ControllerTakeover,
     HandoverAbandoned,
@@ -346,6 +347,8 @@ EVENTS = registry(
     HandoverDone,
     HandoverAbandoned,
     ControllerTakeover,
+    JobShrunk,
+    JobGrown,
     FencedRefused,
     ClaimRefused,
     WarningEvent,

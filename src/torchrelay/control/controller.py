@@ -21,6 +21,7 @@ from torchrelay.config import JobConfig
 from torchrelay.control import (
     departures,
     drills,
+    elastic,
     endings,
     handover,
     liveness,
@@ -337,6 +338,8 @@ class Controller(Coordinator):
         with self._transition():
             if fault == "drain":
                 return self._drain(target)
+            if fault in ("shrink", "add-spare"):
+                return self._resize(fault, target)
             if fault in drills.PROCESS_FAULTS:
                 self._apply(drills.inject_process(self.job, fault, target))
                 member = self.job.members[target]
@@ -361,3 +364,26 @@ class Controller(Coordinator):
         reason = f"drain of {target} asked by an operator"
         self._apply(handover.request(job, slots, reason, now, now))  # type: ignore[arg-type]
         return {"drain": target, "slots": slots}
+
+    def release(self, slot: int) -> dict[str, Any]:
+        """Give ``slot``'s process up at the next step boundary, a survivor hosting the slot
+        (an --elastic job; what a pool asks of a lender, see :mod:`torchrelay.control.elastic`)."""
+        with self._transition():
+            return self._release(slot)
+
+    def _release(self, slot: int) -> dict[str, Any]:
+        self._apply(elastic.release(self.job, self.config, slot, time.time()))
+        return {"shrink": slot, "process": self.job.assignments[slot]}
+
+    def _resize(self, fault: str, target: str) -> dict[str, Any]:
+        """``shrink``: release the slot of process ``target``; ``add-spare``: start a spare
+        (a hosted slot regrows onto it once it is ready)."""
+        job = self.job
+        if fault == "add-spare":
+            actions, in_sight = elastic.add_spare(job)
+            self._apply(actions)
+            return {"spares_in_sight": in_sight, "hosted": sorted(job.hosted)}
+        slots = [m.slot for m in job.slot_members() if m.process == target]
+        if not slots:
+            raise ProtocolError(f"{target} holds no slot of its own to release")
+        return self._release(slots[0])  # type: ignore[arg-type]
