@@ -56,6 +56,15 @@ MESSAGES = [
         slot=0,
         store="10.0.0.2:29500",
     ),
+    p.Plan(
+        generation=6,
+        target_step=8,
+        sources=(0, 2),
+        receivers=(),
+        assignments={"0": "worker0", "2": "worker2"},
+        slot=0,
+        hosted={"1": 0},
+    ),
     p.Handover(generation=4, step=27),
     p.Retire(),
     p.Finish(),
@@ -234,6 +243,10 @@ EVENTS = [
         bytes_transferred=1024,
     ),
     ev.HandoverAbandoned(slots=(1,), reason="no spare"),
+    ev.JobShrunk(
+        generation=1, slots=(1,), hosts={"1": 0}, processes=2, target_step=4, reason="SIGKILL"
+    ),
+    ev.JobGrown(generation=2, slots=(1,), processes={"1": "spare0"}, hosts={}, target_step=28),
     ev.ControllerTakeover(
         leader="node1",
         previous="node0",
