@@ -33,8 +33,8 @@ GROW_AT, SHRINK_AT = 20, 50
 # Steps of 50 ms: a handover's boundary (0.75 s of steps past the last report) lies well
 # before the next hold and the end.
 PACE = ("--compute-seconds", "0.05")
-# Measured: about 1e-7 apart at most after 60-100 steps (AdamW, float32); the order of the additions in
-# an all-reduce is all that differs.
+# Measured: about 1e-7 apart at most after 60-100 steps (AdamW, float32); the order of the
+# additions in an all-reduce is all that differs.
 RTOL, ATOL = 1e-5, 1e-6
 
 
