@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.fsm import Driver
-from torchrelay.control import elastic
+from torchrelay.control import elastic, liveness
 from torchrelay.control.errors import ProtocolError
 from torchrelay.control.planner import PlanningError
 from torchrelay.control.state import JobState, MemberState
@@ -159,3 +159,15 @@ def test_hosted_slots_round_trip_through_the_durable_state(tmp_path):
     shrink_after_kill(driver, 1, [0, 2])
     again = JobState.from_dict(driver.job.to_dict())
     assert again.hosted == {1: 0} and again.recovery.current.shrink
+
+
+def test_a_host_is_judged_per_micro_batch_not_taken_for_a_straggler(tmp_path):
+    driver = started(tmp_path)
+    shrink_after_kill(driver, 1, [0, 2])
+    driver.report("worker0", "progress", step=11, compute_seconds=0.2)  # its own and rank 1's
+    driver.report("worker2", "progress", step=11, compute_seconds=0.1)
+    driver.take(liveness.tick(driver.job, driver.config, driver.now, driver.tails.get))
+    assert not driver.events("straggler")
+    driver.report("worker0", "progress", step=12, compute_seconds=0.5)
+    driver.take(liveness.tick(driver.job, driver.config, driver.now, driver.tails.get))
+    assert driver.events("straggler")[0]["slot"] == 0
