@@ -1,8 +1,9 @@
 """An ``--elastic --spares 0`` job on real processes: a killed worker's rank is hosted by a
 survivor (the job carries on with 2 processes, the global batch unchanged), a spare started by
-``torchrelay grow`` takes it back at a step boundary, and ``torchrelay shrink`` releases a rank
-again; no committed step is lost, and the final weights equal the failure-free run's within the
-stated tolerance (float summation order, docs/elastic.md).
+``torchrelay grow`` takes it back at a step boundary, and ``torchrelay shrink`` releases rank 0
+(its host saves the final weights as rank 0); no committed step is lost, and the final weights
+equal the failure-free run's within the stated tolerance (float summation order, see
+docs/elastic.md).
 
 Paced by events: the job waits on a leash while the test asks for each change, and goes on once
 the ledger shows it started.
@@ -78,8 +79,9 @@ def test_a_killed_rank_is_hosted_then_regrows_and_an_operator_shrinks_it_again(
         _await_count(run_dir, "handover_done", 1)
         await_status(run_dir, lambda s: s["steps_committed"] >= SHRINK_AT - 1)
 
-        shrink = cli("shrink", "--run-dir", str(run_dir), "--rank", "2")
-        assert shrink.returncode == 0 and "releasing rank 2" in shrink.stdout, shrink.stderr
+        # Rank 0 released: its host saves the final weights as rank 0 after the loop.
+        shrink = cli("shrink", "--run-dir", str(run_dir), "--rank", "0")
+        assert shrink.returncode == 0 and "releasing rank 0" in shrink.stdout, shrink.stderr
         _await_count(run_dir, "handover_start", 2)  # the release's boundary is set
         move_leash(leash, STEPS)
         output, _ = proc.communicate(timeout=300)
@@ -95,12 +97,14 @@ def test_a_killed_rank_is_hosted_then_regrows_and_an_operator_shrinks_it_again(
         assert torch.allclose(ours[name], ref[name], rtol=RTOL, atol=ATOL), name
 
     shrinks = _events(run_dir, "job_shrunk")
-    assert [s["slots"] for s in shrinks] == [[1], [2]]
+    assert [s["slots"] for s in shrinks] == [[1], [0]]
     assert "released" in shrinks[1]["reason"] and shrinks[1]["processes"] == 2
+    assert shrinks[1]["hosts"] == {"0": 1}  # the least loaded survivor, the lowest slot
     (grown,) = _events(run_dir, "job_grown")
     assert grown["slots"] == [1] and grown["hosts"] == {}
     (recovered,) = _events(run_dir, "recovery_done")
-    assert recovered["lost_steps"] == 0 and recovered["recomputed_steps"] == 0
+    # At most the step the kill interrupted is redone, as in any crash recovery.
+    assert recovered["lost_steps"] == 0 and recovered["recomputed_steps"] <= 1
     moves = _events(run_dir, "handover_done")
     assert len(moves) == 2 and all(m["lost_steps"] == m["recomputed_steps"] == 0 for m in moves)
     summary = job.summary()

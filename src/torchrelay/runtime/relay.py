@@ -235,6 +235,10 @@ class Relay(ControlLink, Recovery, ChaosInjection):
                 if self._finish():
                     if self.checkpoints is not None:
                         self.checkpoints.close()
+                    # The code after the loop runs once per process: a host is its lowest rank
+                    # there, so rank-0-only work (the final save) runs on rank 0's host.
+                    self.rank = min((self.rank, *self.hosted))  # type: ignore[type-var]
+                    self.process_group.act_as(self.rank)  # type: ignore[arg-type]
                     return
                 batches = None
                 continue
