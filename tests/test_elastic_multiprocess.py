@@ -109,3 +109,4 @@ def test_a_killed_rank_is_hosted_then_regrows_and_an_operator_shrinks_it_again(
     assert len(moves) == 2 and all(m["lost_steps"] == m["recomputed_steps"] == 0 for m in moves)
     summary = job.summary()
     assert summary["steps_committed"] == STEPS and len(summary["failures"]) == 1
+    assert [r["change"] for r in summary["resizes"]] == ["shrunk", "grown", "shrunk"]
