@@ -334,12 +334,22 @@ class Controller(Coordinator):
         ``kill`` and ``hang`` send SIGKILL / SIGSTOP to the process ``target``; ``partition``
         and ``kill-node`` act on the node ``target`` (see :mod:`torchrelay.control.drills`).
         A node drill returns once the node's agent said what it does, or after 10 s.
+        ``shrink`` releases the slot of process ``target`` (:meth:`release`); ``add-spare``
+        starts a spare (an --elastic job's hosted slot regrows onto it once it is ready).
         """
+        if fault == "shrink":
+            with self._cond:
+                slots = [m.slot for m in self.job.slot_members() if m.process == target]
+            if not slots or slots[0] is None:
+                raise ProtocolError(f"{target} holds no slot of its own to release")
+            return self.release(slots[0])
         with self._transition():
             if fault == "drain":
                 return self._drain(target)
-            if fault in ("shrink", "add-spare"):
-                return self._resize(fault, target)
+            if fault == "add-spare":
+                actions, in_sight = elastic.add_spare(self.job)
+                self._apply(actions)
+                return {"spares_in_sight": in_sight, "hosted": sorted(self.job.hosted)}
             if fault in drills.PROCESS_FAULTS:
                 self._apply(drills.inject_process(self.job, fault, target))
                 member = self.job.members[target]
@@ -367,23 +377,8 @@ class Controller(Coordinator):
 
     def release(self, slot: int) -> dict[str, Any]:
         """Give ``slot``'s process up at the next step boundary, a survivor hosting the slot
-        (an --elastic job; what a pool asks of a lender, see :mod:`torchrelay.control.elastic`)."""
+        (an --elastic job; what a pool asks of a lender, see :mod:`torchrelay.control.elastic`).
+        :class:`ProtocolError` (one line) if refused."""
         with self._transition():
-            return self._release(slot)
-
-    def _release(self, slot: int) -> dict[str, Any]:
-        self._apply(elastic.release(self.job, self.config, slot, time.time()))
-        return {"shrink": slot, "process": self.job.assignments[slot]}
-
-    def _resize(self, fault: str, target: str) -> dict[str, Any]:
-        """``shrink``: release the slot of process ``target``; ``add-spare``: start a spare
-        (a hosted slot regrows onto it once it is ready)."""
-        job = self.job
-        if fault == "add-spare":
-            actions, in_sight = elastic.add_spare(job)
-            self._apply(actions)
-            return {"spares_in_sight": in_sight, "hosted": sorted(job.hosted)}
-        slots = [m.slot for m in job.slot_members() if m.process == target]
-        if not slots:
-            raise ProtocolError(f"{target} holds no slot of its own to release")
-        return self._release(slots[0])  # type: ignore[arg-type]
+            self._apply(elastic.release(self.job, self.config, slot, time.time()))
+            return {"shrink": slot, "process": self.job.assignments[slot]}

@@ -50,6 +50,7 @@ class Recovery:
     device: Any
     world_size: int
     rank: int | None
+    hosted: tuple[int, ...]
     tracked: TrackedState
     local: LocalMirror | None
     _store: dist.TCPStore
