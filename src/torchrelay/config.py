@@ -11,6 +11,17 @@ from torchrelay.control.store.url import StoreSpec
 from torchrelay.health.policy import HealthPolicy
 
 
+@dataclass(frozen=True)
+class PoolSpec:
+    """``torchrelay run --pool ADDR``: where the pool is, its token, and how this job
+    attaches (``name``, ``priority``: higher is more important)."""
+
+    address: str
+    token: str
+    name: str
+    priority: int = 0
+
+
 @dataclass
 class JobConfig:
     """Everything that defines one torchrelay job on this launcher.
@@ -48,6 +59,8 @@ class JobConfig:
     # as long as at least ``min_nproc`` processes remain.
     elastic: bool = False
     min_nproc: int = 1
+    # --pool: the pool this job takes its spares from (docs/pool.md); None: none.
+    pool: PoolSpec | None = None
     chaos: list[ChaosEvent] = field(default_factory=list)
     master_addr: str = "127.0.0.1"
     master_port: int = 0

@@ -27,6 +27,14 @@ from torchrelay.events_moves import (
     HandoverRequested,
     HandoverStart,
 )
+from torchrelay.events_pool import (
+    PoolAsked,
+    PoolAttached,
+    PoolGranted,
+    PoolLend,
+    PoolRefused,
+    PoolReturned,
+)
 from torchrelay.ledger import LedgerError, read_ledger
 from torchrelay.typed import OMIT, optional, registry
 
@@ -349,6 +357,12 @@ EVENTS = registry(
     ControllerTakeover,
     JobShrunk,
     JobGrown,
+    PoolAttached,
+    PoolAsked,
+    PoolGranted,
+    PoolRefused,
+    PoolLend,
+    PoolReturned,
     FencedRefused,
     ClaimRefused,
     WarningEvent,

@@ -13,6 +13,7 @@ from pathlib import Path
 from torchrelay.agent.slurm import Placement, SlurmError, place, slurm_step
 from torchrelay.chaos import ChaosSpecError, parse_schedule
 from torchrelay.cli import elastic as elastic_flags
+from torchrelay.cli import pool as pool_flags
 from torchrelay.cli.checkpoint_flags import checkpoint_every, choose_resume, export_key
 from torchrelay.config import JobConfig
 from torchrelay.control.store import StoreError, StoreSpec, open_backend, parse_store_url
@@ -178,6 +179,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "complete checkpoint in --checkpoint-dir; the same command plus --resume",
     )
     elastic_flags.add_run_flags(p)
+    pool_flags.add_run_flags(p)
     p.add_argument("--quiet", action="store_true", help="do not stream worker output")
     p.add_argument("script", help="the training script")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
@@ -269,6 +271,7 @@ def config_from_args(
         checkpoint_every=every,
         elastic=elastic,
         min_nproc=min_nproc,
+        pool=pool_flags.check_run_flags(args, run_dir),
     )
 
 

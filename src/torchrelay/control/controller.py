@@ -37,6 +37,7 @@ from torchrelay.control.health_intake import HealthIntake
 from torchrelay.control.job_view import describe_job
 from torchrelay.control.outbox import Outbox
 from torchrelay.control.persistence import StatePersister
+from torchrelay.control.pool_side import PoolSide
 from torchrelay.control.protocol import (
     HealthReport,
     JoinAnswer,
@@ -57,7 +58,7 @@ from torchrelay.ledger import Ledger
 __all__ = ["AgentHandle", "Controller", "FencedError", "ProtocolError"]
 
 
-class Controller(Coordinator):
+class Controller(Coordinator, PoolSide):
     """Membership, generations and recovery for one job (see DESIGN.md, invariants 1-6)."""
 
     def __init__(

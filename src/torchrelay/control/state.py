@@ -299,6 +299,8 @@ class JobState:
     straggler_rounds: dict[str, int] = field(default_factory=dict)  # in a row, per process
     # Spare processes started on each node that have neither joined nor exited yet.
     spares_launching: dict[str, int] = field(default_factory=dict)
+    # --pool: replacement slots asked of the pool and neither granted nor refused yet.
+    pool_asked: int = 0
     recovery: RecoveryState = field(default_factory=RecoveryState)
     phase: JobPhase = JobPhase.RUNNING
     outcome: dict[str, Any] | None = None  # set with the phase that ends the job
@@ -340,6 +342,7 @@ class JobState:
             "stragglers": self.stragglers,
             "straggler_rounds": self.straggler_rounds,
             "spares_launching": self.spares_launching,
+            "pool_asked": self.pool_asked,
             "recovery": self.recovery.to_dict(),
             "phase": self.phase.value,
             "outcome": self.outcome,
