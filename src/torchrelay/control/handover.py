@@ -76,6 +76,8 @@ def request(
     for slot in slots:
         if slot not in by_slot or by_slot[slot].state in GONE:
             raise ProtocolError(f"slot {slot} has no live process to hand over")
+    if not all(elastic.needs_spare(r) for r in job.recovery.handovers.values()):
+        raise ProtocolError("a slot is being released (--elastic): ask again after it")
     moving = set(slots) | set(job.recovery.handovers)
     if not set(by_slot) - moving:
         raise ProtocolError(

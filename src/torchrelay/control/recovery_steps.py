@@ -137,7 +137,8 @@ def _await_spares(
     elif none_will_come(job, needed):
         # --elastic: the survivors host the lost slots, unless that leaves too few processes.
         current.shrink = config.elastic and _shrink_refusal(job, config, current) is None
-        current.spare_ready = now if current.shrink else current.spare_ready  # the decision
+        if current.shrink:
+            current.spare_ready = now  # the decision to shrink stands for a spare being ready
         after = RecoveryStep.HALT if current.shrink else RecoveryStep.ABANDON
         next_step(current, after, now, config.halt_timeout)
     elif now >= current.deadline:
