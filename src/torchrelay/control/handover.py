@@ -24,6 +24,10 @@ as a :class:`Round` whose ``handover`` is set:
    warning to the end), the stall (boundary to first step) and 0 steps recomputed.
 
 A job needs a replica that stays: a handover of every slot at once is refused.
+
+``--elastic`` (see :mod:`torchrelay.control.elastic`) adds two kinds of request: a *release*
+needs no spare (its slot is hosted by a survivor and its process retires; a drain waits until
+it is done) and a *grow* moves a hosted slot onto a spare (its host keeps its own slot).
 """
 
 from __future__ import annotations

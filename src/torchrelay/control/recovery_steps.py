@@ -5,7 +5,9 @@ A recovery (a :class:`~torchrelay.control.state.Round`) goes through
 
 1. start: abort the survivors, kill the failed processes, ``recovery_start``, top up spares;
 2. ``SPARES``: wait until enough spares are ready (``--spare-timeout``); if none can come,
-   ``ABANDON``: wait for the survivors' halts (they name the step in flight), then fail;
+   ``ABANDON``: wait for the survivors' halts (they name the step in flight), then fail -- or,
+   with ``--elastic``, a *shrink*: on to ``HALT``, the survivors host the lost slots
+   (:mod:`torchrelay.control.elastic`);
 3. ``HALT``: wait until every survivor halted (``--halt-timeout``), then publish the plan;
 4. ``DONE``: wait until every member committed its first step (``recovery_done``); a plan not
    carried out in time, a member that could not enter it, or a new failure supersede it.
