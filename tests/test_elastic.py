@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.fsm import Driver
-from torchrelay.control import elastic, liveness
+from torchrelay.control import elastic, handover, liveness
 from torchrelay.control.errors import ProtocolError
 from torchrelay.control.planner import PlanningError
 from torchrelay.control.state import JobState, MemberState
@@ -150,6 +150,8 @@ def test_a_release_is_refused_without_elastic_below_the_minimum_or_when_busy(tmp
     busy.take(elastic.release(busy.job, busy.config, 1, busy.now))
     with pytest.raises(ProtocolError, match="under way"):
         elastic.release(busy.job, busy.config, 2, busy.now)
+    with pytest.raises(ProtocolError, match="being released"):  # a drain waits for it too
+        handover.request(busy.job, [2], "drain", busy.now, busy.now)
     with pytest.raises(ProtocolError, match="slot 7"):
         elastic.release(started(tmp_path / "x").job, busy.config, 7, busy.now)
 

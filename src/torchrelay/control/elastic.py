@@ -160,7 +160,7 @@ def release(job: JobState, config: JobConfig, slot: int, now: float) -> list[Act
 def want_grow(job: JobState, config: JobConfig, now: float) -> list[Action]:
     """Ask for the hosted slots that ready spares can fill to move to them (nothing else
     under way: called when no recovery or handover is pending)."""
-    if not config.elastic or job.phase is not JobPhase.RUNNING or job.recovery.current:
+    if not config.elastic or job.phase is not JobPhase.RUNNING or job.recovery.current is not None:
         return []
     spares = len(ready_spares(job))
     moving = sorted(job.hosted)[:spares]

@@ -24,6 +24,10 @@ as a :class:`Round` whose ``handover`` is set:
    warning to the end), the stall (boundary to first step) and 0 steps recomputed.
 
 A job needs a replica that stays: a handover of every slot at once is refused.
+
+``--elastic`` (see :mod:`torchrelay.control.elastic`) adds two kinds of request: a *release*
+needs no spare (its slot is hosted by a survivor and its process retires; a drain waits until
+it is done) and a *grow* moves a hosted slot onto a spare (its host keeps its own slot).
 """
 
 from __future__ import annotations
@@ -76,6 +80,8 @@ def request(
     for slot in slots:
         if slot not in by_slot or by_slot[slot].state in GONE:
             raise ProtocolError(f"slot {slot} has no live process to hand over")
+    if not all(elastic.needs_spare(r) for r in job.recovery.handovers.values()):
+        raise ProtocolError("a slot is being released (--elastic): ask again after it")
     moving = set(slots) | set(job.recovery.handovers)
     if not set(by_slot) - moving:
         raise ProtocolError(

@@ -5,7 +5,9 @@ A recovery (a :class:`~torchrelay.control.state.Round`) goes through
 
 1. start: abort the survivors, kill the failed processes, ``recovery_start``, top up spares;
 2. ``SPARES``: wait until enough spares are ready (``--spare-timeout``); if none can come,
-   ``ABANDON``: wait for the survivors' halts (they name the step in flight), then fail;
+   ``ABANDON``: wait for the survivors' halts (they name the step in flight), then fail -- or,
+   with ``--elastic``, a *shrink*: on to ``HALT``, the survivors host the lost slots
+   (:mod:`torchrelay.control.elastic`);
 3. ``HALT``: wait until every survivor halted (``--halt-timeout``), then publish the plan;
 4. ``DONE``: wait until every member committed its first step (``recovery_done``); a plan not
    carried out in time, a member that could not enter it, or a new failure supersede it.
@@ -137,7 +139,8 @@ def _await_spares(
     elif none_will_come(job, needed):
         # --elastic: the survivors host the lost slots, unless that leaves too few processes.
         current.shrink = config.elastic and _shrink_refusal(job, config, current) is None
-        current.spare_ready = now if current.shrink else current.spare_ready  # the decision
+        if current.shrink:
+            current.spare_ready = now  # the decision to shrink stands for a spare being ready
         after = RecoveryStep.HALT if current.shrink else RecoveryStep.ABANDON
         next_step(current, after, now, config.halt_timeout)
     elif now >= current.deadline:
