@@ -247,6 +247,14 @@ EVENTS = [
         generation=1, slots=(1,), hosts={"1": 0}, processes=2, target_step=4, reason="SIGKILL"
     ),
     ev.JobGrown(generation=2, slots=(1,), processes={"1": "spare0"}, hosts={}, target_step=28),
+    ev.PoolAttached(pool="127.0.0.1:7", slots=(0, 1), priority=10, min_nproc=2),
+    ev.PoolAsked(slots=1, pool="127.0.0.1:7"),
+    ev.PoolGranted(slot=1, lender="L", loan=0),
+    ev.PoolGranted(slot=2),
+    ev.PoolRefused(reason="no idle slot and no lender (L: recovering)"),
+    ev.PoolLend(loan=0, borrower="H", slot=1),
+    ev.PoolLend(loan=1, borrower="H", refused="a recovery or handover is under way"),
+    ev.PoolReturned(loan=0, slot=1),
     ev.ControllerTakeover(
         leader="node1",
         previous="node0",
