@@ -59,10 +59,12 @@ class Pool:
             before = self.state.to_dict()
             try:
                 answer = transition(self.state)
-                blob = json.dumps(self.state.to_dict(), sort_keys=True).encode()
-                _, self._revision, written = self._store.set_state(blob, self._revision)
-                if not written:
-                    raise StoreError("the pool state changed under this pool: another one runs")
+                after = self.state.to_dict()
+                if after != before:  # a steady Sync changes nothing: no write
+                    blob = json.dumps(after, sort_keys=True).encode()
+                    _, self._revision, written = self._store.set_state(blob, self._revision)
+                    if not written:
+                        raise StoreError("the pool state changed under this pool: another runs")
             except BaseException:
                 self.state = PoolState.from_dict(before)
                 raise
@@ -112,7 +114,7 @@ class Pool:
     def status(self) -> dict[str, Any]:
         with self._cond:
             state = self.state.to_dict()
-        held = {name: len(self.state.held(name)) for name in state["jobs"]}
+            held = {name: len(self.state.held(name)) for name in state["jobs"]}
         for name, job in state["jobs"].items():
             job["held"] = held[name]
             del job["commands"]
