@@ -89,6 +89,10 @@ def test_the_command_line_refuses_bad_pool_flags(tmp_path):
             "use --spares 0",
         ),
         ((*run, "--priority", "3", str(script)), "need --pool"),
+        (
+            (*run, "--pool", "h:1", "--pool-token", str(token), "--state", "etcd://h:2", "x"),
+            "does not combine with --state etcd",
+        ),
         (("status", "--pool", "127.0.0.1:1"), "--pool needs --pool-token"),
         (("pool", "--slots", "0", "--token-file", str(token)), "--slots must be 1 or more"),
         (

@@ -49,6 +49,11 @@ def check_run_flags(args: argparse.Namespace, run_dir: Path) -> PoolSpec | None:
         return None
     if args.pool_token is None:
         raise SystemExit("torchrelay run: --pool needs --pool-token FILE (the pool's token)")
+    if args.state != "memory":
+        raise SystemExit(
+            "torchrelay run: --pool does not combine with --state etcd yet (a standby that "
+            "takes over has no pool link); use one or the other"
+        )
     if args.spares != 0:
         raise SystemExit(
             "torchrelay run: --pool takes its spares from the pool's idle slots: use --spares 0"
