@@ -175,6 +175,18 @@ RUN_CASES = {
         lambda tmp_path: _run(tmp_path, "--metrics-port", "-1"),
         "--metrics-port must be in 1..65535",
     ),
+    "elastic-one-process": (
+        lambda tmp_path: _run(tmp_path, "--nproc-per-node", "1", "--elastic"),
+        "--elastic needs 2 or more processes",
+    ),
+    "min-nproc-without-elastic": (
+        lambda tmp_path: _run(tmp_path, "--nproc-per-node", "2", "--min-nproc", "1"),
+        "--min-nproc needs --elastic",
+    ),
+    "min-nproc-above-world": (
+        lambda tmp_path: _run(tmp_path, "--nproc-per-node", "2", "--elastic", "--min-nproc", "3"),
+        "--min-nproc must be in [1, 2]",
+    ),
     "nproc-not-a-number": (
         lambda tmp_path: _run(tmp_path, "--nproc-per-node", "four"),
         "invalid int value",

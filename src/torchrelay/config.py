@@ -11,6 +11,17 @@ from torchrelay.control.store.url import StoreSpec
 from torchrelay.health.policy import HealthPolicy
 
 
+@dataclass(frozen=True)
+class PoolSpec:
+    """``torchrelay run --pool ADDR``: where the pool is, its token, and how this job
+    attaches (``name``, ``priority``: higher is more important)."""
+
+    address: str
+    token: str
+    name: str
+    priority: int = 0
+
+
 @dataclass
 class JobConfig:
     """Everything that defines one torchrelay job on this launcher.
@@ -47,6 +58,12 @@ class JobConfig:
     node_timeout: float = 10.0
     straggler_ratio: float = 1.5
     drain_stragglers: int = 0  # hand a straggler's slot over after this many rounds; 0: never
+    # --elastic: a lost slot with no spare in sight is hosted by a survivor (docs/elastic.md)
+    # as long as at least ``min_nproc`` processes remain.
+    elastic: bool = False
+    min_nproc: int = 1
+    # --pool: the pool this job takes its spares from (docs/pool.md); None: none.
+    pool: PoolSpec | None = None
     chaos: list[ChaosEvent] = field(default_factory=list)
     master_addr: str = "127.0.0.1"
     master_port: int = 0

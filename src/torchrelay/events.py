@@ -19,12 +19,21 @@ from typing import Any, ClassVar
 from torchrelay.chaos import ChaosEvent
 from torchrelay.event_base import Event
 from torchrelay.events_durable import CheckpointSaved, FallbackRestart, Progress, Resumed
+from torchrelay.events_elastic import JobGrown, JobShrunk
 from torchrelay.events_moves import (
     ControllerTakeover,
     HandoverAbandoned,
     HandoverDone,
     HandoverRequested,
     HandoverStart,
+)
+from torchrelay.events_pool import (
+    PoolAsked,
+    PoolAttached,
+    PoolGranted,
+    PoolLend,
+    PoolRefused,
+    PoolReturned,
 )
 from torchrelay.ledger import LedgerError, read_ledger
 from torchrelay.typed import OMIT, optional, registry
@@ -351,6 +360,14 @@ EVENTS = registry(
     HandoverDone,
     HandoverAbandoned,
     ControllerTakeover,
+    JobShrunk,
+    JobGrown,
+    PoolAttached,
+    PoolAsked,
+    PoolGranted,
+    PoolRefused,
+    PoolLend,
+    PoolReturned,
     FencedRefused,
     ClaimRefused,
     WarningEvent,

@@ -89,6 +89,7 @@ class NodeAgent:
                 "TORCHRELAY_RUN_DIR": str(self.config.run_dir),
                 # Where a new leader is announced if this one is lost (see control.endpoint).
                 "TORCHRELAY_STATE": str(self.config.state),
+                "TORCHRELAY_ELASTIC": "1" if self.config.elastic else "0",
                 "PYTHONUNBUFFERED": "1",
             }
         )

@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime
 import os
 import socket
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torchrelay.agent.agent import NodeAgent
 from torchrelay.agent.rendezvous import RendezvousError, bind_rendezvous, serve_store
@@ -36,8 +36,11 @@ from torchrelay.control.service import ControlServer
 from torchrelay.control.state import Role
 from torchrelay.control.store import StoreError
 from torchrelay.control.wire import new_token
-from torchrelay.events import Event, JobStart, read_events
+from torchrelay.events import Event, JobStart, PoolAttached, read_events
 from torchrelay.ledger import Ledger
+
+if TYPE_CHECKING:
+    from torchrelay.pool.link import PoolLink
 
 
 class Launch:
@@ -121,8 +124,9 @@ class Launch:
             self.controller.terminate(self._stop.name)
         self.controller.on_exit(process, returncode)
 
-    def run(self) -> dict[str, Any]:
-        """Run the job to its end and return the controller's outcome."""
+    def run(self, pool: PoolLink | None = None, slots: list[int] | None = None) -> dict[str, Any]:
+        """Run the job to its end and return the controller's outcome; with ``pool`` (attached,
+        holding ``slots``), its link serves the controller from the start."""
         started = JobStart(
             world_size=self.config.world_size,
             spares=self.config.spares,
@@ -138,6 +142,15 @@ class Launch:
         recorder = self._recorder()
         self.server.start()
         self.controller.start_monitor()
+        if pool is not None:
+            attached = PoolAttached(
+                pool=pool.spec.address,
+                slots=tuple(slots or ()),
+                priority=pool.spec.priority,
+                min_nproc=self.config.min_nproc if self.config.elastic else self.config.world_size,
+            )
+            self.ledger.write(attached.to_json())
+            pool.start(self.controller)
         self.observation.start(self.controller.status)
         self._publish_endpoint()
         if self.persister is not None:
@@ -221,12 +234,23 @@ def launch(config: JobConfig) -> dict[str, Any]:
     Exits with a one-line message (``SystemExit``) if the endpoint or the run directory is
     refused.
     """
+    pool, slots = None, None
+    if config.pool is not None:  # attached before anything starts: a full pool refuses
+        from torchrelay.pool.link import PoolLink
+
+        pool = PoolLink(config.pool)
+        minimum = config.min_nproc if config.elastic else config.world_size
+        slots = pool.attach(config.world_size, minimum, config.elastic)
     try:
-        job = Launch(config)
-    except (RendezvousError, RunDirError, MetricsError) as exc:
-        raise SystemExit(f"torchrelay run: {exc}") from None
-    except StoreError as exc:
-        raise SystemExit(f"torchrelay run: --state {config.state}: {exc}") from None
-    except CheckpointError as exc:
-        raise SystemExit(f"torchrelay run: {exc}") from None
-    return job.run()
+        try:
+            job = Launch(config)
+        except (RendezvousError, RunDirError, MetricsError) as exc:
+            raise SystemExit(f"torchrelay run: {exc}") from None
+        except StoreError as exc:
+            raise SystemExit(f"torchrelay run: --state {config.state}: {exc}") from None
+        except CheckpointError as exc:
+            raise SystemExit(f"torchrelay run: {exc}") from None
+        return job.run(pool, slots)
+    finally:
+        if pool is not None:
+            pool.close()

@@ -13,6 +13,8 @@ import sys
 from typing import NoReturn
 
 from torchrelay.cli import demo, health, operator, report, run
+from torchrelay.cli import elastic as elastic_cli
+from torchrelay.cli import pool as pool_cli
 from torchrelay.simulate import cli as simulate
 
 EXIT_BROKEN_PIPE = 141
@@ -37,6 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_parser(subparsers)
     operator.add_parsers(subparsers)
     health.add_parsers(subparsers)
+    elastic_cli.add_parsers(subparsers)
+    pool_cli.add_parsers(subparsers)
     simulate.add_parser(subparsers)
     return parser
 

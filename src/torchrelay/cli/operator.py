@@ -63,7 +63,11 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         "the ledger's recent events. --watch redraws it every --interval seconds until the "
         "job ends (or Ctrl-C).",
     )
-    status.add_argument("run_dir", type=Path)
+    status.add_argument("run_dir", type=Path, nargs="?")
+    status.add_argument(
+        "--pool", metavar="HOST:PORT", help="show a pool instead: jobs, slots, loans"
+    )
+    status.add_argument("--pool-token", type=Path, help="with --pool: the pool's token file")
     how = status.add_mutually_exclusive_group()
     how.add_argument("--json", action="store_true", help="the controller's snapshot as JSON")
     how.add_argument("--watch", action="store_true", help="a live view until the job ends")
@@ -116,6 +120,12 @@ def run_status(args: argparse.Namespace) -> int:
         raise SystemExit(
             f"torchrelay status: --interval must be 0.1 to 3600 seconds, not {args.interval}"
         )
+    if args.pool is not None:
+        from torchrelay.cli.pool import show_pool
+
+        return show_pool(args.pool, args.pool_token, args.json)
+    if args.run_dir is None:
+        raise SystemExit("torchrelay status: give a run directory, or --pool HOST:PORT")
     client = connect(args.run_dir)
     try:
         status = ask_status(client)

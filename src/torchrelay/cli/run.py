@@ -12,6 +12,8 @@ from pathlib import Path
 
 from torchrelay.agent.slurm import Placement, SlurmError, place, slurm_step
 from torchrelay.chaos import ChaosSpecError, parse_schedule
+from torchrelay.cli import elastic as elastic_flags
+from torchrelay.cli import pool as pool_flags
 from torchrelay.cli.checkpoint_flags import checkpoint_every, choose_resume, export_key
 from torchrelay.config import JobConfig
 from torchrelay.control.store import StoreError, StoreSpec, open_backend, parse_store_url
@@ -183,6 +185,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="go on with the job of --run-dir (its launcher and workers gone) from the newest "
         "complete checkpoint in --checkpoint-dir; the same command plus --resume",
     )
+    elastic_flags.add_run_flags(p)
+    pool_flags.add_run_flags(p)
     p.add_argument("--quiet", action="store_true", help="do not stream worker output")
     p.add_argument("script", help="the training script")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
@@ -247,6 +251,7 @@ def config_from_args(
     except PolicyError as exc:
         raise SystemExit(f"torchrelay run: {exc}") from None
     every = checkpoint_every(args, placement.run_dir is not None)
+    elastic, min_nproc = elastic_flags.check_run_flags(args, world_size)
     return JobConfig(
         script=args.script,
         script_args=script_args,
@@ -272,6 +277,9 @@ def config_from_args(
         health_policy=policy,
         checkpoint_dir=args.checkpoint_dir,
         checkpoint_every=every,
+        elastic=elastic,
+        min_nproc=min_nproc,
+        pool=pool_flags.check_run_flags(args, run_dir),
     )
 
 

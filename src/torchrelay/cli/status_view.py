@@ -19,6 +19,8 @@ from torchrelay.events import (
     Failure,
     HangDetected,
     JobEnd,
+    JobGrown,
+    JobShrunk,
     NodeLost,
     ProcessExit,
     ProcessJoin,
@@ -86,6 +88,9 @@ def describe_event(event: Event) -> str:
         SpareLost: "spare {process} lost: {cause}",
         NodeLost: "{node} lost: {reason}",
         ChaosFired: "chaos: {action} on rank {rank} at step {step}",
+        JobShrunk: "shrunk to {processes} processes from generation {generation}: hosted "
+        "slot -> host {hosts} ({reason})",
+        JobGrown: "slot(s) {slots} regrown on {processes} (generation {generation})",
         TrainingDone: "training done: {steps_committed} steps",
         JobEnd: "job {status}: {steps_committed} steps committed",
     }
@@ -133,8 +138,11 @@ def _members(status: dict[str, Any]) -> Table:
         table.add_column(column, justify="right" if column != "process" else "left")
     for m in status["slots"] + status["spares"]:
         step = m.get("step_seconds")
+        hosts = m.get("hosts") or []
         cells = (
-            "spare" if m["slot"] is None else str(m["slot"]),
+            "spare"
+            if m["slot"] is None
+            else str(m["slot"]) + (f" +{','.join(map(str, hosts))}" if hosts else ""),
             m["process"],
             m["node"],
             str(m["pid"]),
@@ -165,6 +173,10 @@ def render(
     control requests, events."""
     parts: list[RenderableType] = [_header(status, rate, title), _recovery(status)]
     parts.append(_members(status))
+    hosted = status.get("hosted") or {}
+    if hosted:
+        pairs = ", ".join(f"slot {v} on slot {h}'s process" for v, h in hosted.items())
+        parts.append(Text(f"elastic: {len(hosted)} slot(s) hosted: {pairs}", style="yellow"))
     for name, node in status["nodes"].items():
         state = "alive" if node["alive"] else "LOST"
         parts.append(Text(f"{name}: {state}, heard {node['seconds_since_heartbeat']:.1f} s ago"))

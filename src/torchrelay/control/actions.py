@@ -45,6 +45,13 @@ class StartLocalSpare:
 
 
 @dataclass(frozen=True)
+class AskPool:
+    """Ask the job's pool for ``slots`` replacement slots (a grant starts a spare there)."""
+
+    slots: int
+
+
+@dataclass(frozen=True)
 class Record:
     """Append ``event`` to the ledger."""
 
@@ -78,6 +85,7 @@ Action = (
     | SendToNode
     | SignalLocal
     | StartLocalSpare
+    | AskPool
     | Record
     | EndJob
     | StartRecovery

@@ -15,6 +15,7 @@ from typing import Protocol
 
 from torchrelay.control.actions import (
     Action,
+    AskPool,
     EndJob,
     QuarantineDevice,
     Record,
@@ -59,6 +60,8 @@ class Executor:
         self.rejections = rejections
         self._start_recovery = start_recovery
         self._observe = observe
+        # --pool: sends a request for replacement slots (set by the launcher's pool link).
+        self.ask_pool: Callable[[int], None] = _no_pool
         self.process_outboxes: dict[str, Outbox] = {}
         self.node_outboxes: dict[str, Outbox] = {}
 
@@ -88,6 +91,8 @@ class Executor:
                 self.agent.kill(action.process, action.signum)
             elif isinstance(action, StartLocalSpare):
                 self.agent.start_spare()
+            elif isinstance(action, AskPool):
+                self.ask_pool(action.slots)
             elif isinstance(action, Record):
                 self._record(action.event)
             elif isinstance(action, EndJob):
@@ -113,3 +118,7 @@ class Executor:
         self.ledger.write(event.to_json())
         if self._observe is not None:
             self._observe(event)
+
+
+def _no_pool(slots: int) -> None:
+    raise RuntimeError(f"asked a pool for {slots} slot(s), but no pool link is attached")

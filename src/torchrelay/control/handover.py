@@ -24,6 +24,10 @@ as a :class:`Round` whose ``handover`` is set:
    warning to the end), the stall (boundary to first step) and 0 steps recomputed.
 
 A job needs a replica that stays: a handover of every slot at once is refused.
+
+``--elastic`` (see :mod:`torchrelay.control.elastic`) adds two kinds of request: a *release*
+needs no spare (its slot is hosted by a survivor and its process retires; a drain waits until
+it is done) and a *grow* moves a hosted slot onto a spare (its host keeps its own slot).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from typing import Any
 
 from torchrelay import events
 from torchrelay.config import JobConfig
+from torchrelay.control import elastic
 from torchrelay.control.actions import Action, Record, Send, StartRecovery
 from torchrelay.control.endings import fail, finish_if_all_done
 from torchrelay.control.errors import ProtocolError
@@ -75,6 +80,8 @@ def request(
     for slot in slots:
         if slot not in by_slot or by_slot[slot].state in GONE:
             raise ProtocolError(f"slot {slot} has no live process to hand over")
+    if not all(elastic.needs_spare(r) for r in job.recovery.handovers.values()):
+        raise ProtocolError("a slot is being released (--elastic): ask again after it")
     moving = set(slots) | set(job.recovery.handovers)
     if not set(by_slot) - moving:
         raise ProtocolError(
@@ -105,16 +112,16 @@ def begin(job: JobState, config: JobConfig, now: float) -> tuple[list[Action], f
     when to look again (``None``: nothing to wait for)."""
     requests = job.recovery.handovers
     for slot, wanted in list(requests.items()):
-        if job.assignments.get(slot) != wanted["process"]:
+        if elastic.holder(job, slot) != wanted["process"]:
             del requests[slot]  # its process died meanwhile: the crash path took the slot
     if not requests:
         return [], None
-    needed = len(requests)
+    needed = sum(1 for wanted in requests.values() if elastic.needs_spare(wanted))
     boundary = job.highest_committed + _margin(job)
     problem = None
     if job.max_steps is not None and boundary >= job.max_steps - 1:
         problem = "the job ends before a step boundary could be planned"
-    elif len(ready_spares(job)) < needed:
+    elif needed and len(ready_spares(job)) < needed:
         if none_will_come(job, needed):
             problem = f"no spare for slot(s) {sorted(requests)} (run with --spares >= {needed})"
         else:
@@ -199,17 +206,22 @@ def _plan(
     job: JobState, config: JobConfig, current: Round, now: float, survivors: list[Member]
 ) -> list[Action]:
     assert current.handover is not None
-    moving = {int(s): r["process"] for s, r in current.handover["requests"].items()}
+    requests = {int(s): r for s, r in current.handover["requests"].items()}
+    if not any(elastic.needs_spare(r) for r in requests.values()):
+        return elastic.publish_release(job, config, current, now, survivors)
+    moving = {slot: r["process"] for slot, r in requests.items()}
     staying = [m for m in survivors if m.slot not in moving]
     replaced = {slot: job.members[process].node for slot, process in moving.items()}
     actions = publish_plan(job, config, current, now, replaced, staying)
     if job.finished:
         return actions
-    for process in moving.values():
+    # A regrown slot's old holder hosted it: it keeps its own slot.
+    leaving = [moving[s] for s, r in requests.items() if r.get("kind") != elastic.GROW]
+    for process in leaving:
         move(job.members[process], MemberState.RETIRED)
         actions.append(Send(process, Retire()))
-    current.handover["retired"] = sorted(moving.values())
-    return actions
+    current.handover["retired"] = sorted(leaving)
+    return actions + elastic.grown(job, current)
 
 
 def _await_done(

@@ -24,6 +24,8 @@ def describe_job(
             "slot": m.slot,
             "state": m.state.value,
             "committed": m.committed,
+            # --elastic: the slots whose micro-batches this process runs besides its own
+            "hosts": sorted(v for v, h in job.hosted.items() if h == m.slot),
             "seconds_since_heartbeat": now - m.last_seen,
             **m.timings,
         }
@@ -34,6 +36,7 @@ def describe_job(
         "world_size": config.world_size,
         "leader": job.leader_node,
         "slots": [describe(job.members[p]) for _, p in sorted(job.assignments.items())],
+        "hosted": {str(v): h for v, h in sorted(job.hosted.items())},
         "spares": [
             describe(m)
             for m in job.members.values()

@@ -131,8 +131,10 @@ def _check_stragglers(job: JobState, config: JobConfig, now: float) -> list[Acti
     """Record a rank whose compute per step is ``straggler_ratio`` times its peers' median;
     with ``--drain-stragglers N``, hand its slot over once it stayed one for N monitor
     rounds in a row (its device is not quarantined: slowness may be its neighbours')."""
+    # A host (--elastic, shrunk) runs a micro-batch per slot it holds: compare per micro-batch.
+    held = {slot: 1 + sum(1 for h in job.hosted.values() if h == slot) for slot in job.assignments}
     compute = {
-        slot: m.timings["compute_seconds"]
+        slot: m.timings["compute_seconds"] / held[slot]
         for slot, m in job.by_slot().items()
         if "compute_seconds" in m.timings
     }

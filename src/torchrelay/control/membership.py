@@ -14,7 +14,7 @@ from typing import Any
 from torchrelay import events
 from torchrelay.config import JobConfig
 from torchrelay.control import drills
-from torchrelay.control.actions import Action, Record, Refused, Send
+from torchrelay.control.actions import Action, Record, Refused, Send, StartRecovery
 from torchrelay.control.claims import claimed_step, judge_claim, judge_max_steps
 from torchrelay.control.endings import FINISH, finish_if_all_done
 from torchrelay.control.errors import FencedError, ProtocolError
@@ -172,10 +172,12 @@ def _on_ready(job: JobState, member: Member, message: Ready, now: float) -> list
     if member.role is not Role.SPARE or member.state is not MemberState.STARTING:
         raise ProtocolError(f"{member.process} reported ready but is {member.state.value}")
     move(member, MemberState.READY)
-    ready = events.SpareReady(
+    spare_ready = events.SpareReady(
         process=member.process, cpu_seconds=message.cpu_seconds, forked=message.forked
     )
-    return [Record(ready)]
+    ready: list[Action] = [Record(spare_ready)]
+    # An --elastic job that runs shrunk grows back onto it (control.elastic.want_grow).
+    return [*ready, StartRecovery()] if job.hosted else ready
 
 
 def _on_halted(job: JobState, member: Member, message: Halted, now: float) -> list[Action]:

@@ -12,7 +12,13 @@ from torchrelay.config import JobConfig
 from torchrelay.control.actions import Action, Record, Send
 from torchrelay.control.drills import chaos_for
 from torchrelay.control.endings import fail
-from torchrelay.control.planner import PlanningError, Spare, choose_replacements, plan_recovery
+from torchrelay.control.planner import (
+    PlanningError,
+    RecoveryPlan,
+    Spare,
+    choose_replacements,
+    plan_recovery,
+)
 from torchrelay.control.protocol import Plan
 from torchrelay.control.spares import ready_spares, top_up
 from torchrelay.control.state import JobState, Member, MemberState, RecoveryStep, Round, move
@@ -49,12 +55,22 @@ def publish_plan(
         )
     except PlanningError as exc:
         return fail(job, str(exc))
+    return announce(job, config, current, now, plan)
+
+
+def announce(
+    job: JobState, config: JobConfig, current: Round, now: float, plan: RecoveryPlan
+) -> list[Action]:
+    """Make ``plan`` the job's next generation and send each member its part (with the
+    job's hosted slots, see :mod:`torchrelay.control.elastic`)."""
     current.plan, current.planned = plan, now
     # Never a silent wait: a plan not carried out in time is abandoned and re-planned.
     limit = recovery_deadline(config.halt_timeout, job.hang_timeout)
     next_step(current, RecoveryStep.DONE, now, limit)
     job.generation = plan.generation
     job.assignments = dict(plan.assignments)
+    for slot in plan.replaced:
+        job.hosted.pop(slot, None)  # a regrown slot runs on its own process again
     job.recovery.failed.clear()
     assignments = {str(k): v for k, v in plan.assignments.items()}
     actions: list[Action] = []
@@ -75,6 +91,7 @@ def publish_plan(
             slot=slot,
             chaos=tuple(chaos_for(job, slot)),
             store=job.store or None,
+            hosted={str(v): h for v, h in job.hosted.items()} or None,
         )
         actions.append(Send(process, message))
     planned = events.RecoveryPlanned(

@@ -217,6 +217,9 @@ class Plan(Message):
     slot: int = at_least(0, "a slot (an integer >= 0)")
     chaos: tuple[dict[str, Any], ...] = ()
     store: str | None = optional()
+    # An --elastic job's hosted slots: virtual slot -> the slot whose process runs its
+    # micro-batches too (the process group has one member per assigned slot only).
+    hosted: dict[str, int] | None = optional()  # noqa: RUF009 (the default is None)
 
 
 @dataclass(frozen=True, kw_only=True)

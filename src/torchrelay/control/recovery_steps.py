@@ -5,7 +5,9 @@ A recovery (a :class:`~torchrelay.control.state.Round`) goes through
 
 1. start: abort the survivors, kill the failed processes, ``recovery_start``, top up spares;
 2. ``SPARES``: wait until enough spares are ready (``--spare-timeout``); if none can come,
-   ``ABANDON``: wait for the survivors' halts (they name the step in flight), then fail;
+   ``ABANDON``: wait for the survivors' halts (they name the step in flight), then fail -- or,
+   with ``--elastic``, a *shrink*: on to ``HALT``, the survivors host the lost slots
+   (:mod:`torchrelay.control.elastic`);
 3. ``HALT``: wait until every survivor halted (``--halt-timeout``), then publish the plan;
 4. ``DONE``: wait until every member committed its first step (``recovery_done``); a plan not
    carried out in time, a member that could not enter it, or a new failure supersede it.
@@ -23,7 +25,7 @@ from collections.abc import Callable
 
 from torchrelay import events
 from torchrelay.config import JobConfig
-from torchrelay.control import handover
+from torchrelay.control import elastic, handover
 from torchrelay.control.actions import Action, Record, Send
 from torchrelay.control.endings import fail, finish_if_all_done
 from torchrelay.control.nodes import signal as signal_process
@@ -51,6 +53,8 @@ def advance(job: JobState, config: JobConfig, now: float) -> tuple[list[Action],
             if job.recovery.pending:
                 actions += _start(job, config, now)
                 continue
+            if not job.recovery.handovers:
+                actions += elastic.want_grow(job, config, now)
             if not job.recovery.handovers:
                 break
             more, wake = handover.begin(job, config, now)
@@ -133,7 +137,12 @@ def _await_spares(
         current.spare_ready = now
         next_step(current, RecoveryStep.HALT, now, config.halt_timeout)
     elif none_will_come(job, needed):
-        next_step(current, RecoveryStep.ABANDON, now, config.halt_timeout)
+        # --elastic: the survivors host the lost slots, unless that leaves too few processes.
+        current.shrink = config.elastic and _shrink_refusal(job, config, current) is None
+        if current.shrink:
+            current.spare_ready = now  # the decision to shrink stands for a spare being ready
+        after = RecoveryStep.HALT if current.shrink else RecoveryStep.ABANDON
+        next_step(current, after, now, config.halt_timeout)
     elif now >= current.deadline:
         actions += fail(
             job,
@@ -178,15 +187,24 @@ def _abandon(
     step = job.highest_committed + 1
     causes = {slot: str(job.recovery.failed[slot]["cause"]) for slot in current.slots}
     reason = no_spare_reason(causes, step, config.spares)
+    refusal = _shrink_refusal(job, config, current) if config.elastic else None
+    reason += "" if refusal is None else f"; {refusal}"
     abandoned = events.RecoveryAbandoned(slots=tuple(current.slots), step=step, reason=reason)
     actions.append(Record(abandoned))
     actions += fail(job, reason)
     return None
 
 
+def _shrink_refusal(job: JobState, config: JobConfig, current: Round) -> str | None:
+    return elastic.shrink_refusal(len(job.assignments), len(current.slots), config.min_nproc)
+
+
 def _publish_plan(job: JobState, config: JobConfig, current: Round, now: float) -> list[Action]:
     failures = {slot: job.recovery.failed[slot] for slot in current.slots}
     survivors = [job.members[p] for p in current.survivors]
+    if current.shrink:
+        causes = "; ".join(f"rank {s}: {f['cause']}" for s, f in sorted(failures.items()))
+        return elastic.publish_shrink(job, config, current, now, survivors, causes)
     replaced = {slot: job.members[f["process"]].node for slot, f in failures.items()}
     return publish_plan(job, config, current, now, replaced, survivors)
 

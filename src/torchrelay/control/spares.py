@@ -7,8 +7,9 @@ step boundary, then "ready" until a plan gives it a slot.
 
 from __future__ import annotations
 
+from torchrelay import events
 from torchrelay.config import JobConfig
-from torchrelay.control.actions import Action, SendToNode, StartLocalSpare
+from torchrelay.control.actions import Action, AskPool, Record, SendToNode, StartLocalSpare
 from torchrelay.control.protocol import StartSpare
 from torchrelay.control.state import GONE, JobState, Member, MemberState, Role
 from torchrelay.control.verdicts import missing_spares
@@ -57,9 +58,17 @@ def top_up(job: JobState, config: JobConfig, needed: int) -> list[Action]:
     if config.spares > 0:
         for _ in range(max(needed, config.spares) - sum(in_sight(job))):
             actions += start_spare(job)
+    elif config.pool is not None:
+        # Idle pool slots are every job's spares: ask for the ones still missing.
+        missing = needed - sum(in_sight(job)) - job.pool_asked
+        if missing > 0:
+            job.pool_asked += missing
+            actions.append(AskPool(missing))
+            actions.append(Record(events.PoolAsked(slots=missing, pool=config.pool.address)))
     return actions
 
 
 def none_will_come(job: JobState, needed: int) -> bool:
-    """Fewer than ``needed`` spares are ready, starting or launching."""
-    return missing_spares(needed, *in_sight(job))
+    """Fewer than ``needed`` spares are ready, starting, launching or asked of the pool."""
+    ready, starting, launching = in_sight(job)
+    return missing_spares(needed, ready, starting, launching + job.pool_asked)

@@ -194,6 +194,9 @@ class Round:
     # A planned handover instead of a recovery: {"boundary": step, "aborted": bool,
     # "requests": {slot (str): request}} (see control.handover).
     handover: dict[str, Any] | None = None
+    # No spare can come and the job is --elastic: survivors host the failed slots
+    # (see control.elastic) instead of the job stopping.
+    shrink: bool = False
 
     @property
     def deadline(self) -> float:
@@ -284,6 +287,9 @@ class JobState:
     nodes: dict[str, NodeEntry] = field(default_factory=dict)
     generation: int = 0
     assignments: dict[int, str] = field(default_factory=dict)  # slot -> process
+    # An --elastic job's slots with no process of their own: virtual slot -> the slot whose
+    # process runs its micro-batches too (see control.elastic).
+    hosted: dict[int, int] = field(default_factory=dict)
     highest_committed: int = -1
     max_steps: int | None = None  # declared by the workers (Relay.steps)
     chaos_pending: dict[int, ChaosEvent] = field(default_factory=dict)
@@ -293,6 +299,8 @@ class JobState:
     straggler_rounds: dict[str, int] = field(default_factory=dict)  # in a row, per process
     # Spare processes started on each node that have neither joined nor exited yet.
     spares_launching: dict[str, int] = field(default_factory=dict)
+    # --pool: replacement slots asked of the pool and neither granted nor refused yet.
+    pool_asked: int = 0
     recovery: RecoveryState = field(default_factory=RecoveryState)
     phase: JobPhase = JobPhase.RUNNING
     outcome: dict[str, Any] | None = None  # set with the phase that ends the job
@@ -325,6 +333,7 @@ class JobState:
             "nodes": {n: asdict(e) for n, e in self.nodes.items()},
             "generation": self.generation,
             "assignments": _str_keys(self.assignments),
+            "hosted": _str_keys(self.hosted),
             "highest_committed": self.highest_committed,
             "max_steps": self.max_steps,
             "chaos_pending": [e.to_dict() for e in self.chaos_pending.values()],
@@ -333,6 +342,7 @@ class JobState:
             "stragglers": self.stragglers,
             "straggler_rounds": self.straggler_rounds,
             "spares_launching": self.spares_launching,
+            "pool_asked": self.pool_asked,
             "recovery": self.recovery.to_dict(),
             "phase": self.phase.value,
             "outcome": self.outcome,
@@ -347,6 +357,7 @@ class JobState:
                 "members": {p: Member.from_dict(m) for p, m in data["members"].items()},
                 "nodes": {n: NodeEntry(**e) for n, e in data["nodes"].items()},
                 "assignments": _int_keys(data["assignments"]),
+                "hosted": _int_keys(data.get("hosted", {})),
                 "chaos_pending": {e.id: e for e in chaos},
                 "recovery": RecoveryState.from_dict(data["recovery"]),
                 "phase": JobPhase(data["phase"]),

@@ -19,6 +19,8 @@ from torchrelay.events import (
     HandoverDone,
     HangDetected,
     JobEnd,
+    JobGrown,
+    JobShrunk,
     JobStart,
     RecoveryAbandoned,
     RecoveryDone,
@@ -91,6 +93,17 @@ def summarize(run_dir: Path) -> dict[str, Any]:
             }
             for e in events
             if isinstance(e, HandoverDone)
+        ],
+        # --elastic: each time ranks were hosted or regrew (docs/elastic.md)
+        "resizes": [
+            {
+                "change": "shrunk" if isinstance(e, JobShrunk) else "grown",
+                "generation": e.generation,
+                "slots": list(e.slots),
+                "hosts": dict(e.hosts),
+            }
+            for e in events
+            if isinstance(e, JobShrunk | JobGrown)
         ],
         "hangs_detected": sum(1 for e in events if isinstance(e, HangDetected)),
         "checkpoints_saved": sum(1 for e in events if isinstance(e, CheckpointSaved)),
@@ -216,5 +229,12 @@ def render_text(summary: dict[str, Any]) -> str:
             f"  - handover of rank(s) {ranks} ({h['reason']}): resumed at step "
             f"{h['resumed_at_step']}, stall {h['stall_seconds']:.2f} s, lead "
             f"{h['lead_seconds']:.1f} s, recomputed {h['recomputed_steps']}, lost {h['lost_steps']}"
+        )
+    for r in summary.get("resizes", []):
+        ranks = ", ".join(map(str, r["slots"]))
+        hosted = ", ".join(f"rank {v} on slot {h}'s process" for v, h in r["hosts"].items())
+        lines.append(
+            f"  - {r['change']} from generation {r['generation']}: rank(s) {ranks}; "
+            f"hosted now: {hosted or 'none'}"
         )
     return "\n".join(lines)

@@ -14,6 +14,7 @@ it had a slot) and starts the epoch at that batch without loading the ones befor
 
 from __future__ import annotations
 
+import copy
 import itertools
 import warnings
 from collections.abc import Callable, Iterator
@@ -114,9 +115,12 @@ def loader_steps_per_epoch(loader: DataLoader[Any], world_size: int) -> int:
     return len(loader)
 
 
-def sampler_loader(loader: DataLoader[Any], rank: int, start_step: int) -> Iterator[Any]:
-    """This rank's batches of ``loader`` from ``start_step`` on, epoch after epoch."""
-    sampler = loader.sampler
+def sampler_loader(
+    loader: DataLoader[Any], rank: int, start_step: int, own: bool = True
+) -> Iterator[Any]:
+    """This rank's batches of ``loader`` from ``start_step`` on, epoch after epoch. ``own``:
+    the script's sampler is set to this rank; else (a rank this process hosts) a copy is."""
+    sampler = loader.sampler if own else copy.copy(loader.sampler)
     assert isinstance(sampler, DistributedSampler) and loader.batch_size is not None
     per_epoch = len(loader)
     sampler.rank = rank

@@ -27,6 +27,7 @@ class RelayEnv:
     rank: int | None
     local_rank: int
     state: str = ""  # the job's state store (--state): where a new leader is announced
+    elastic: bool = False  # --elastic: this process may host other ranks (runtime.hosting)
 
     @classmethod
     def from_environ(cls) -> RelayEnv:
@@ -49,4 +50,5 @@ class RelayEnv:
             rank=int(env["RANK"]) if env.get("TORCHRELAY_ROLE") == "worker" else None,
             local_rank=int(env.get("LOCAL_RANK", "0")),
             state=env.get("TORCHRELAY_STATE", ""),
+            elastic=env.get("TORCHRELAY_ELASTIC") == "1",
         )

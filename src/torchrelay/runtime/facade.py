@@ -11,6 +11,10 @@ collectives run on the current generation's inner group, with three guarantees:
 - **fails into a poisoned step, not an exception**: a failed or aborted collective leaves its
   outputs untouched and poisons the step (see :mod:`guard`), so the user's loop body runs on
   and the runtime skips the optimizer and recovers at the next step boundary.
+- **hosting** (``--elastic``, shrunk): the group underneath has fewer members than the job
+  has ranks; :meth:`set_layout` maps each rank to the member that runs it (a broadcast's root,
+  an all-gather's outputs follow it), and :attr:`contributions` turns a hosted rank's pass into
+  an accumulating one (see :mod:`hosting`).
 - **local mode** before a spare has peers: collectives answer locally (a broadcast keeps the
   local value, an all-gather replicates it). This serves the setup of a spare (DDP's initial
   parameter broadcast and shape check). Every tracked tensor is overwritten by the state
@@ -37,6 +41,7 @@ from torch.futures import Future
 
 from torchrelay.runtime.devices import abort_group
 from torchrelay.runtime.guard import StepGuard
+from torchrelay.runtime.hosting import Contributions
 
 Launch = Callable[[dist.ProcessGroup], dist.Work]
 
@@ -62,6 +67,8 @@ class StableProcessGroup(dist.ProcessGroup):
         self._force_local = 0
         self._local_lock = threading.Lock()
         self._silenced = False
+        self._layout: tuple[int, ...] | None = None  # None: rank r is member r
+        self.contributions = Contributions()
         self.after_allreduce_launch: Callable[[], None] | None = None
 
     # ------------------------------------------------------------- identity
@@ -77,6 +84,15 @@ class StableProcessGroup(dist.ProcessGroup):
     @property
     def inner(self) -> dist.ProcessGroup | None:
         return self._inner
+
+    def set_layout(self, layout: tuple[int, ...] | None) -> None:
+        """Which member of the inner group runs each rank (``None``: rank r is member r)."""
+        shrunk = layout is not None and len(set(layout)) < self._size
+        self._layout = layout if shrunk else None
+
+    def act_as(self, rank: int) -> None:
+        """The rank whose micro-batch this process runs now (its own, or a hosted one)."""
+        self._rank = rank
 
     def bind(
         self, inner: dist.ProcessGroup, rank: int, generation: int
@@ -121,11 +137,18 @@ class StableProcessGroup(dist.ProcessGroup):
 
     @property
     def is_local(self) -> bool:
-        return self._inner is None or self._force_local > 0
+        """Collectives are answered locally: no peers yet, a local block, or a hosted rank's
+        accumulating pass."""
+        return self._inner is None or self._force_local > 0 or self.contributions.recording
 
     # ------------------------------------------------------------- collectives
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else AllreduceOptions()
+        if self.contributions.recording:
+            self.contributions.keep(tensors, opts.reduceOp)
+            return _completed(tensors)
+        if not self.is_local:
+            self.contributions.combine(tensors, opts.reduceOp)
         work = self._run(tensors, lambda pg, out: pg.allreduce(out, opts), lambda: None)
         if self.after_allreduce_launch is not None and not self.is_local:
             self.after_allreduce_launch()
@@ -133,6 +156,8 @@ class StableProcessGroup(dist.ProcessGroup):
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else BroadcastOptions()
+        if self._layout is not None:
+            opts.rootRank = self._layout[opts.rootRank]  # the member that runs the root rank
         return self._run(tensors, lambda pg, out: pg.broadcast(out, opts), lambda: None)
 
     def allgather(
@@ -143,18 +168,31 @@ class StableProcessGroup(dist.ProcessGroup):
     ) -> dist.Work:
         opts = opts if opts is not None else AllgatherOptions()
         flat = [t for group in output_tensors for t in group]
+        layout = self._layout
+        # Shrunk: one output per member; each rank's output is the member's that runs it.
+        firsts = None if layout is None else [layout.index(m) for m in range(max(layout) + 1)]
 
         def launch(pg: dist.ProcessGroup, out: list[torch.Tensor]) -> dist.Work:
             it = iter(out)
             regrouped = [[next(it) for _ in group] for group in output_tensors]
+            if firsts is not None:
+                regrouped = [[group[i] for i in firsts] for group in regrouped]
             return pg.allgather(regrouped, input_tensors, opts)
+
+        def expand(out: list[torch.Tensor]) -> None:
+            if layout is None or firsts is None:
+                return
+            for start in range(0, len(out), len(layout)):
+                for rank, member in enumerate(layout):
+                    if rank != firsts[member]:
+                        out[start + rank].copy_(out[start + firsts[member]])
 
         def local() -> None:
             for group, source in zip(output_tensors, input_tensors, strict=True):
                 for out in group:
                     out.copy_(source)
 
-        return self._run(flat, launch, local, result=output_tensors)
+        return self._run(flat, launch, local, result=output_tensors, expand=expand)
 
     def barrier(self, opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else BarrierOptions()
@@ -166,10 +204,11 @@ class StableProcessGroup(dist.ProcessGroup):
         launch: Callable[..., dist.Work],
         local: Callable[[], None],
         result: Any = None,
+        expand: Callable[[list[torch.Tensor]], None] | None = None,
     ) -> dist.Work:
         result = outputs if result is None else result
         inner = self._inner
-        if inner is None or self._force_local:
+        if inner is None or self.is_local:
             local()
             return _completed(result)
         if self._guard.poisoned or self._guard.aborted:
@@ -183,6 +222,8 @@ class StableProcessGroup(dist.ProcessGroup):
             if not settled.acquire(blocking=False):
                 return
             if ok:
+                if expand is not None:
+                    expand(scratch)
                 for target, value in zip(outputs, scratch, strict=True):
                     target.copy_(value)
             else:

@@ -29,6 +29,9 @@ class StepGuard:
         self.generation = -1
         self.poison_reason: str | None = None
         self.optimizer_applied = False
+        # A hosted rank's accumulating pass (runtime.hosting): the optimizer waits for the
+        # host's own pass, which applies the summed gradients once.
+        self.accumulating = False
         self._aborted = False
         self._aborted_upto = -1
         self._pending: dict[int, tuple[float, Callable[[bool], None]]] = {}
@@ -124,7 +127,8 @@ class StepGuard:
 
 
 def guard_optimizer(optimizer: torch.optim.Optimizer, guard: StepGuard) -> None:
-    """Make ``optimizer.step()`` a no-op while ``guard``'s step is poisoned.
+    """Make ``optimizer.step()`` a no-op while ``guard``'s step is poisoned (or in a hosted
+    rank's accumulating pass).
 
     Records that the optimizer was applied, which commits the step even if a later collective
     of the same step fails (the weights have moved on; recovery then starts from them).
@@ -134,7 +138,7 @@ def guard_optimizer(optimizer: torch.optim.Optimizer, guard: StepGuard) -> None:
     # wraps() keeps the markers an LR scheduler put on the step it wrapped.
     @functools.wraps(original)
     def step(*args: Any, **kwargs: Any) -> Any:
-        if guard.poisoned:
+        if guard.poisoned or guard.accumulating:
             return None
         result = original(*args, **kwargs)
         guard.optimizer_applied = True

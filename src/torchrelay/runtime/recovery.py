@@ -43,6 +43,7 @@ from torchrelay.progress import ByteProgress
 from torchrelay.runtime.devices import new_group
 from torchrelay.runtime.env import RelayEnv
 from torchrelay.runtime.guard import GenerationAborted
+from torchrelay.runtime.hosting import comm_layout
 from torchrelay.runtime.replicas import LocalMirror
 from torchrelay.runtime.tracked import TrackedState
 from torchrelay.runtime.warmup import signature_of, warm_model, warm_optimizer
@@ -62,6 +63,7 @@ class Recovery:
     device: Any
     world_size: int
     rank: int | None
+    hosted: tuple[int, ...]
     tracked: TrackedState
     local: LocalMirror | None
     _store: dist.TCPStore
@@ -79,18 +81,31 @@ class Recovery:
     _sums: ChunkSums | None
     _current_step: int | None
 
-    def _bind(self, generation: int, rank: int) -> None:
+    def _bind(
+        self,
+        generation: int,
+        rank: int,
+        members: tuple[int, ...] | None = None,
+        hosted: dict[int, int] | None = None,
+    ) -> None:
+        """Enter ``generation`` as ``rank``. ``members``: the ranks with a process of their
+        own (default: all), in the order of the process group; ``hosted``: the others, each
+        mapped to its host's rank (``--elastic``, see :mod:`torchrelay.runtime.hosting`)."""
+        members = tuple(range(self.world_size)) if members is None else members
+        hosted = {} if hosted is None else hosted
         self.guard.enter_generation(generation)
         self.generation, self.rank = generation, rank
+        self.hosted = tuple(sorted(v for v, host in hosted.items() if host == rank))
         os.environ["RANK"] = str(rank)
         store = dist.PrefixStore(f"torchrelay/g{generation}", self._store)
         if generation > 0:
             # Gloo's own rendezvous cannot be interrupted; meet on store keys first, so that a
             # member dying now aborts this generation instead of stalling it for the timeout.
             store.set(f"ready/{rank}", "1")
-            self._await_keys(store, [f"ready/{r}" for r in range(self.world_size)])
-        inner = new_group(store, rank, self.world_size, self._timeout, self.device)
+            self._await_keys(store, [f"ready/{r}" for r in members])
+        inner = new_group(store, members.index(rank), len(members), self._timeout, self.device)
         previous = self.process_group.bind(inner, rank, generation)
+        self.process_group.set_layout(comm_layout(self.world_size, members, hosted))
         if previous is not None:
             # Destroying a gloo group joins its threads, which may sit in a collective that
             # will only time out: drop the last reference off the training thread.
@@ -297,7 +312,14 @@ class Recovery:
             host, _, port = plan.store.rpartition(":")
             self._store = dist.TCPStore(host, int(port), is_master=False, timeout=self._timeout)
             self._store_address = plan.store
-        self._bind(generation, slot)
+        members = tuple(sorted(int(s) for s in plan.assignments))
+        hosted = {int(v): host for v, host in (plan.hosted or {}).items()}
+        self._bind(generation, slot, members, hosted)
+        # The transfer runs among the group's members: slots -> their place in it.
+        member = {s: i for i, s in enumerate(members)}
+        sources = [member[s] for s in sources]
+        receivers = [member[s] for s in receivers]
+        me = member[slot]
         self._send(PhaseDone(phase="comm_ready", t=time.time()))
         self._maybe_fire("transfer", step=target + 1)
         own = self.tracked.state()
@@ -307,7 +329,7 @@ class Recovery:
             ready.take()  # stop hashing: this rank sends nothing
         inner = self.process_group.inner
         assert inner is not None
-        if slot in sources:
+        if me in sources:
             if self.committed != target or not self._state_valid:
                 raise RuntimeError(f"source rank {slot} is at step {self.committed}, not {target}")
             result = send_state(
@@ -316,7 +338,7 @@ class Recovery:
                 self.env.token,
                 generation,
                 {"step": target, "objects": own},
-                slot,
+                me,
                 sources,
                 receivers,
                 wait=self.guard.wait_works,
@@ -324,7 +346,7 @@ class Recovery:
                 sidecar=None if self.local is None else self.local.for_transfer(),
                 ready=ready,
             )
-        elif slot in receivers:
+        elif me in receivers:
             self._state_valid = False
             self._await_keys(self._store, [schema_key(generation)])
             result = receive_state(

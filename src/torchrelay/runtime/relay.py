@@ -73,6 +73,8 @@ class Relay(ControlLink, Recovery, ChaosInjection):
         self.device = select_device(env.local_rank)
         self.world_size = env.world_size
         self.rank: int | None = env.rank
+        # --elastic, shrunk: the ranks this process runs besides its own (runtime.hosting)
+        self.hosted: tuple[int, ...] = ()
         self.generation = joined.generation
         self.committed = -1
         self.guard = StepGuard()
@@ -158,6 +160,11 @@ class Relay(ControlLink, Recovery, ChaosInjection):
         be tensors, numbers, strings and containers of them (see :mod:`replicas`).
         """
         if local is not None:
+            if self.env.elastic:
+                raise TrackingError(
+                    "local= state is not supported with --elastic yet (a hosted rank's "
+                    "local state has no copy of its own); run without --elastic"
+                )
             if self.local is not None and self.local.obj is not local:
                 raise TrackingError("local= is already tracked (track one object or dict)")
             self.local = LocalMirror(local)
@@ -228,12 +235,17 @@ class Relay(ControlLink, Recovery, ChaosInjection):
             resumed = resume_from_environ(self.rank, self.tracked, self.local)  # type: ignore[arg-type]
             self.committed = max(self.committed, start_step - 1, resumed)
         batches: Iterator[Any] | None = None
+        hosted_batches: dict[int, Iterator[Any]] = {}
         while True:
             step = self.committed + 1
             if step >= max_steps:
                 if self._finish():
                     if self.checkpoints is not None:
                         self.checkpoints.close()
+                    # The code after the loop runs once per process: a host is its lowest rank
+                    # there, so rank-0-only work (the final save) runs on rank 0's host.
+                    self.rank = min((self.rank, *self.hosted))  # type: ignore[type-var]
+                    self.process_group.act_as(self.rank)  # type: ignore[arg-type]
                     return
                 batches = None
                 continue
@@ -243,20 +255,22 @@ class Relay(ControlLink, Recovery, ChaosInjection):
                 continue
             if dataset is not None and batches is None:
                 assert self.rank is not None
-                if isinstance(dataset, DataLoader):
-                    batches = sampler_loader(dataset, self.rank, step)
-                else:
-                    assert batch_size is not None
-                    batches = step_loader(
-                        dataset, batch_size, self.world_size, self.rank, self.seed, step, collate_fn
-                    )
+                batches = self._batches(dataset, batch_size, collate_fn, self.rank, step)
+                hosted_batches = {
+                    r: self._batches(dataset, batch_size, collate_fn, r, step) for r in self.hosted
+                }
             snapshot = self.tracked.snapshot()
             local_snapshot = None if self.local is None else self.local.snapshot()
             self.guard.begin_step()
-            seed_all(self.seed, step, self.rank)  # type: ignore[arg-type]
+            self.process_group.contributions.begin_step()
             self._current_step = step
             self.timer.start()
+            for rank in self.hosted:
+                yield from self._hosted_pass(step, rank, hosted_batches.get(rank), snapshot)
+            seed_all(self.seed, step, self.rank)  # type: ignore[arg-type]
             yield step, (next(batches) if batches is not None else None)
+            if not self.guard.poisoned:
+                self.process_group.contributions.check_used()
             self._current_step = None
             if self.local is not None:
                 self.local.exchange(self.process_group, self.device, step, self.generation)
@@ -287,6 +301,41 @@ class Relay(ControlLink, Recovery, ChaosInjection):
                 batches = None
 
     # ------------------------------------------------------------------ helpers
+    def _batches(
+        self,
+        dataset: Any,
+        batch_size: int | None,
+        collate_fn: Callable[[list[Any]], Any] | None,
+        rank: int,
+        step: int,
+    ) -> Iterator[Any]:
+        """Rank ``rank``'s batches from ``step`` on (this process's own, or a hosted one's)."""
+        if isinstance(dataset, DataLoader):
+            return sampler_loader(dataset, rank, step, own=rank == self.rank)
+        assert batch_size is not None
+        return step_loader(dataset, batch_size, self.world_size, rank, self.seed, step, collate_fn)
+
+    def _hosted_pass(
+        self, step: int, rank: int, batches: Iterator[Any] | None, snapshot: dict[str, Any]
+    ) -> Iterator[tuple[int, Any]]:
+        """Yield hosted ``rank``'s batch of ``step`` as that rank (its RNG, ``relay.rank``,
+        ``dist.get_rank()``), its all-reduces kept for the own pass and its optimizer step
+        skipped; the small tracked state it changed (an LR scheduler) is put back after it."""
+        own = self.rank
+        self.rank = rank
+        self.process_group.act_as(rank)
+        self.guard.accumulating = True
+        self.process_group.contributions.start_pass()
+        seed_all(self.seed, step, rank)
+        try:
+            yield step, (next(batches) if batches is not None else None)
+        finally:
+            self.process_group.contributions.end_pass()
+            self.guard.accumulating = False
+            self.rank = own
+            self.process_group.act_as(own)  # type: ignore[arg-type]
+        self.tracked.restore(snapshot)
+
     def _epoch_length(self, dataset: Any, batch_size: int | None) -> int | None:
         if dataset is None:
             return None

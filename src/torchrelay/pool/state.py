@@ -1,0 +1,130 @@
+"""The pool's state as plain data: slots, attached jobs and loans (see :mod:`.policy`).
+
+A slot is owned by one job, idle, or broken (its process died there: it is not handed out
+again until ``torchrelay pool`` restarts -- a repaired node is not modelled yet). A loan moves a
+slot from a lender to a borrower:
+
+| ``LoanState`` | may move to | by |
+|---|---|---|
+| ASKED (lender asked to release) | ACTIVE | the lender has one process less: the slot moves |
+| | FAILED | the lender refused the release, or one of the two left |
+| ACTIVE (the borrower holds it) | RETURNED | a slot came back: the lender grows onto it |
+| RETURNED, FAILED | (final) | |
+
+The whole state round-trips through JSON (``to_dict`` / ``from_dict``), which is what the
+service stores in its :class:`~torchrelay.control.store.StateBackend`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+IDLE = ""
+"""The owner of a slot no job holds."""
+BROKEN = "!broken"
+"""The owner of a slot a process died on (not a job name: job names are checked, see
+:func:`torchrelay.pool.policy.check_name`)."""
+
+
+class LoanState(enum.Enum):
+    ASKED = "asked"
+    ACTIVE = "active"
+    RETURNED = "returned"
+    FAILED = "failed"
+
+
+_MOVES = {
+    LoanState.ASKED: frozenset({LoanState.ACTIVE, LoanState.FAILED}),
+    LoanState.ACTIVE: frozenset({LoanState.RETURNED}),
+    LoanState.RETURNED: frozenset(),
+    LoanState.FAILED: frozenset(),
+}
+
+
+class IllegalLoanMove(RuntimeError):
+    """A loan moved in a way the table in the module doc does not allow (a bug)."""
+
+
+@dataclass
+class Loan:
+    """One slot lent by ``lender`` to ``borrower``; ``slot`` is set once it moved."""
+
+    id: int
+    borrower: str
+    lender: str
+    asked: float
+    state: LoanState = LoanState.ASKED
+    slot: int | None = None
+    note: str = ""
+
+    def move(self, to: LoanState, note: str = "") -> None:
+        if to not in _MOVES[self.state]:
+            raise IllegalLoanMove(f"loan {self.id}: {self.state.value} -> {to.value}")
+        self.state = to
+        self.note = note or self.note
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "state": self.state.value}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Loan:
+        return cls(**{**data, "state": LoanState(data["state"])})
+
+
+@dataclass
+class PoolJob:
+    """An attached job as its launcher last reported it.
+
+    ``size``: its world size (the slots it starts with); ``min_nproc``: the fewest processes it
+    may shrink to (``size`` for a job that cannot shrink); ``processes``: its live processes
+    (workers and spares); ``recovering``: a recovery or handover is under way; ``wanted``:
+    replacement slots it asked for and has not been given or refused; ``lent_at``: when it
+    was last asked to lend (for the starvation rule)."""
+
+    name: str
+    size: int
+    min_nproc: int
+    priority: int
+    elastic: bool
+    processes: int = 0
+    recovering: bool = False
+    wanted: int = 0
+    lent_at: list[float] = field(default_factory=list)
+    # Commands not yet fetched by the job's link: {"type": "grant" | "refuse" | "release" |
+    # "grow", ...} (see torchrelay.pool.policy).
+    commands: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class PoolState:
+    """Every slot's owner (a job name, :data:`IDLE` or :data:`BROKEN`), the jobs, the loans."""
+
+    slots: list[str]
+    jobs: dict[str, PoolJob] = field(default_factory=dict)
+    loans: list[Loan] = field(default_factory=list)
+
+    def held(self, job: str) -> list[int]:
+        return [i for i, owner in enumerate(self.slots) if owner == job]
+
+    def idle(self) -> list[int]:
+        return [i for i, owner in enumerate(self.slots) if owner == IDLE]
+
+    def loans_in(self, *states: LoanState) -> list[Loan]:
+        return [loan for loan in self.loans if loan.state in states]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "slots": list(self.slots),
+            "jobs": {name: asdict(job) for name, job in self.jobs.items()},
+            "loans": [loan.to_dict() for loan in self.loans],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PoolState:
+        return cls(
+            slots=list(data["slots"]),
+            jobs={name: PoolJob(**job) for name, job in data["jobs"].items()},
+            loans=[Loan.from_dict(loan) for loan in data["loans"]],
+        )
