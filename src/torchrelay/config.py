@@ -56,6 +56,7 @@ class JobConfig:
     health_policy: HealthPolicy = field(default_factory=HealthPolicy)
     checkpoint_dir: Path | None = None  # durable checkpoints (docs/checkpoints.md); None: none
     checkpoint_every: Every | None = None
+    transparent: bool = False  # --transparent: an unmodified script (docs/transparent.md)
     resume: Choice | None = None  # --resume: the checkpoint chosen to go on from
     fallback: tuple[int, str] | None = (
         None  # a restart from it: (attempt, why live recovery failed)
