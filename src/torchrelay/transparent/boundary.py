@@ -4,7 +4,10 @@ A SIGKILL lands mid-step: the survivors are inside a gradient all-reduce whose m
 contribution nobody has, in Python frames that cannot be rewound. The stable process group
 (:mod:`torchrelay.runtime.facade`) already lets their collectives return (values unused) and
 poisons the step. What the script's loop body did meanwhile is then undone here, so that its
-next iteration *is* the voided step again:
+next iteration *is* the voided step again. The snapshot is taken where that iteration starts:
+at the optimizer step that ends the previous step, and again, in a loop over a
+``DistributedSampler``'s loader, before the step's first batch is fetched (what ran between,
+such as a new epoch's DataLoader iterator drawing its seed, is not run again). Undone:
 
 - the global RNG streams (torch CPU and CUDA, numpy, ``random``) go back to the boundary's
   (the voided step's random data and dropout masks are drawn again, identically);

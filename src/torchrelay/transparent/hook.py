@@ -67,7 +67,9 @@ class TransparentWorker:
         self.voided = False  # between a voided optimizer.step() and the next step's start
         self._started = False  # the first step's forward ran: setup is over
         self._finished = False
+        self._fetched = False  # the step in flight has fetched from a DistributedSampler
         self._boundary: Boundary | None = None
+        sampler.before_next = self._before_fetch
         relay._send(MaxSteps(max_steps=OPEN_ENDED))  # the script decides where it ends
         self._begin(0)
 
@@ -82,6 +84,16 @@ class TransparentWorker:
         self._started = True
         self.voided = False
         self.relay._maybe_fire("forward")
+
+    def _before_fetch(self) -> None:
+        """The step's first batch: its loop iteration starts here. What ran since the
+        boundary (the scheduler, epoch-end code, a new epoch's DataLoader iterator, which
+        draws a seed from the global RNG) is not run again by a voided step's loop, so the
+        snapshot to go back to is this one."""
+        if not self._fetched:
+            self._fetched = True
+            self.voided = False
+            self._boundary = Boundary.take(list(self.modules))
 
     def optimizer_step(self, run: Callable[[], Any]) -> Any:
         """The step boundary: commit the step (``run`` applies the optimizer) or void it."""
@@ -111,6 +123,7 @@ class TransparentWorker:
         relay = self.relay
         relay.guard.begin_step()
         relay._current_step = step
+        self._fetched = False
         self._boundary = Boundary.take(list(self.modules))
         relay.timer.start()
 

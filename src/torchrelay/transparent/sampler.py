@@ -24,8 +24,11 @@ from typing import Any
 
 from torch.utils.data import DistributedSampler
 
-_stock_iter: Callable[[DistributedSampler[Any]], Iterator[int]] | None = None
+# Captured before patch() replaces it: the cursor asks it for each rank's order.
+_STOCK_ITER: Callable[[DistributedSampler[Any]], Iterator[int]] = DistributedSampler.__iter__
 _live: weakref.WeakSet[SamplerCursor] = weakref.WeakSet()
+# Called before a cursor yields an index: where a loader-driven loop iteration starts.
+before_next: Callable[[], None] | None = None
 
 Positions = dict["SamplerCursor", int]
 
@@ -47,19 +50,20 @@ class SamplerCursor:
     def __next__(self) -> int:
         order = self.indices(self.sampler.rank)
         if self.position >= len(order):
-            raise StopIteration
+            raise StopIteration  # the end of an epoch starts no loop iteration
+        if before_next is not None:
+            before_next()
         self.position += 1
         return order[self.position - 1]
 
     def indices(self, rank: int) -> list[int]:
         """``rank``'s indices of this epoch, in order (computed by the stock iterator)."""
         if rank not in self._orders:
-            assert _stock_iter is not None
             sampler = self.sampler
             saved = sampler.rank, sampler.epoch
             sampler.rank, sampler.epoch = rank, self.epoch
             try:
-                self._orders[rank] = list(_stock_iter(sampler))
+                self._orders[rank] = list(_STOCK_ITER(sampler))
             finally:
                 sampler.rank, sampler.epoch = saved
         return self._orders[rank]
@@ -71,10 +75,7 @@ def _cursor_iter(sampler: DistributedSampler[Any]) -> Iterator[int]:
 
 def patch() -> None:
     """Make every ``DistributedSampler`` iterate through a :class:`SamplerCursor`; idempotent."""
-    global _stock_iter
-    if _stock_iter is None:
-        _stock_iter = DistributedSampler.__iter__
-        DistributedSampler.__iter__ = _cursor_iter  # type: ignore[assignment,method-assign]
+    DistributedSampler.__iter__ = _cursor_iter  # type: ignore[assignment,method-assign]
 
 
 def positions() -> Positions:
