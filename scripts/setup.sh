@@ -41,3 +41,7 @@ apt_install "munged slurmctld slurmd sbatch srun" "the Slurm tests" slurm-wlm mu
 # The HTML report test opens the page in headless Chromium (Debian's chromium) and keeps its
 # screenshot.
 apt_install chromium "the HTML report rendering test" chromium
+# Transparent mode snapshots processes with CRIU >= 4.1 (Debian 12's 3.17 fails on this kernel):
+# found, or built once into .venv/criu/criu (about a minute). Without it transparent mode
+# refuses with one line and its tests skip (and fail under CI=true, which must provide it).
+bash scripts/setup_criu.sh || true
