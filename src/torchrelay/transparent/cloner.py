@@ -1,0 +1,117 @@
+"""Agent side of transparent mode: cloning a parked worker, or moving it, with CRIU.
+
+:func:`clone` dumps a parked worker with ``--leave-running`` and restores the images as a new
+job process in a fresh PID namespace; :func:`migrate` dumps it (CRIU then kills it) and
+restores it the same way. Either way the copy gets NEW pipes in place of the ones the snapshot
+holds to the outside (stdout/stderr, both park pipes), so its output and its instructions are
+its own, and it is a job process like any other: its parent is :mod:`nsinit`, started through
+the parent-death trampoline (it dies with the launcher, and everything in its PID namespace
+with it), whose exit status is the copy's, whose output pipe is :attr:`Clone.process`'s
+``stdout``, and whose process group takes the agent's signals (SIGTERM is forwarded).
+
+Both return while the copy (and a clone's donor) still wait in :func:`park.wait`: the caller
+answers each with :meth:`park.Channel.instruct` -- the donor ``CONTINUE``, the copy ``BECOME``
+or ``CONTINUE``. The images are written under ``RUN_DIR/snapshots`` and removed once restored
+(CRIU's logs too, unless it failed: a :class:`CriuError` names the log it keeps).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from torchrelay.transparent import criu
+from torchrelay.transparent.park import Channel, Notice
+
+
+@dataclass
+class Parked:
+    """A worker waiting in :func:`park.wait`: its pid (here), its agent-side park channel, and
+    the notice it parked with (which its instruction must answer)."""
+
+    pid: int
+    channel: Channel
+    notice: Notice
+
+
+@dataclass
+class Clone:
+    """A restored copy, parked: answer ``notice`` on ``channel`` to release it.
+
+    ``process`` is the copy's job process (exit status, signals, ``stdout`` with stderr merged);
+    ``pid`` the copy as this host sees it; ``bytes``/``dump_seconds``/``restore_seconds`` what
+    the snapshot cost.
+    """
+
+    process: subprocess.Popen[bytes]
+    pid: int
+    channel: Channel
+    notice: Notice
+    bytes: int
+    dump_seconds: float
+    restore_seconds: float
+
+
+# A migration's result is the same record: the original is gone, the copy is all there is.
+Migrated = Clone
+
+
+def clone(donor: Parked, run_dir: Path) -> Clone:
+    """Copy the parked ``donor`` into a new process; the donor stays parked.
+
+    Raises :class:`criu.CriuUnavailable` or :class:`criu.CriuError` (the donor is untouched
+    then: answer it ``CONTINUE``).
+    """
+    return _copy(donor, run_dir, leave_running=True)
+
+
+def migrate(worker: Parked, run_dir: Path) -> Migrated:
+    """Move the parked ``worker`` into a new process: dump it (CRIU kills it), restore it.
+
+    The caller must expect the original's death (SIGKILL) before calling. A failed dump leaves
+    the worker alive and parked; a failed restore leaves it dead, its images kept under
+    ``RUN_DIR/snapshots`` for inspection.
+    """
+    return _copy(worker, run_dir, leave_running=False)
+
+
+def _copy(parked: Parked, run_dir: Path, *, leave_running: bool) -> Clone:
+    tool = criu.find_criu()
+    # The snapshot's outside pipes, named before the dump (after a migration's there is no pid).
+    names = criu.fd_names(parked.pid, [1, 2, *parked.channel.child_fds])
+    images = run_dir / "snapshots" / f"{parked.pid}-{time.time_ns()}"
+    stats = criu.dump(parked.pid, images, leave_running=leave_running, criu=tool)
+    channel = Channel.open()
+    replace = dict(zip(parked.channel.child_fds, channel.child_fds, strict=True))
+    # stdout and stderr share one pipe (the agent merges them): both become fd 1, our stdout.
+    # Only pipes are outside resources to replace: files are reopened by path.
+    inherit = {name: replace.get(fd, 1) for fd, name in names.items() if name.startswith("pipe:")}
+    try:
+        restored = criu.restore(
+            images,
+            fresh_pid_namespace=True,
+            inherit_fds=inherit,
+            criu=tool,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+    except BaseException:
+        channel.close()
+        raise
+    finally:
+        channel.close_child_ends()
+    shutil.rmtree(images, ignore_errors=True)
+    for log in (stats.log, restored.log):
+        log.unlink(missing_ok=True)
+    return Clone(
+        process=restored.process,
+        pid=restored.pid,
+        channel=channel,
+        notice=parked.notice,
+        bytes=stats.bytes,
+        dump_seconds=stats.seconds,
+        restore_seconds=restored.seconds,
+    )
