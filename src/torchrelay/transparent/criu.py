@@ -174,14 +174,8 @@ def restore(
     report_r, report_w = os.pipe()
     wrapper = [sys.executable, "-I", "-S", str(NSINIT), str(report_w), *command]
     if fresh_pid_namespace:
-        wrapper = [
-            shutil.which("unshare") or "/usr/bin/unshare",
-            "--pid",
-            "--fork",
-            "--mount-proc",
-            "--kill-child=SIGKILL",
-            *wrapper,
-        ]
+        unshare = shutil.which("unshare") or "/usr/bin/unshare"
+        wrapper = [unshare, "--pid", "--fork", "--mount-proc", "--kill-child=SIGKILL", *wrapper]
     passed = sorted({fd for fd in inherit_fds.values() if fd > 2} | {report_w})
     try:
         process = spawn(wrapper, pass_fds=passed, stdin=subprocess.DEVNULL, **popen)

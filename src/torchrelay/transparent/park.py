@@ -162,25 +162,37 @@ class Channel:
     """The agent's ends of one worker's park pipes, and the worker's fd numbers for them.
 
     ``child_fds`` are (instructions read end, notices write end): pass them to the worker
-    (``pass_fds``) with :meth:`environment`, then call :meth:`close_child_ends`.
+    (``pass_fds``) with :meth:`environment`, then call :meth:`close_child_ends`. The numbers
+    stay valid as the worker's (and its copies') fd numbers after this process closed them.
     """
 
     instructions: int  # agent writes here
     notices: int  # agent reads here
     child_fds: tuple[int, int]
+    _held: set[int] = field(default_factory=set, repr=False)  # fds still open here
 
     @classmethod
     def open(cls) -> Channel:
         instr_r, instr_w = os.pipe()
         notice_r, notice_w = os.pipe()
-        return cls(instructions=instr_w, notices=notice_r, child_fds=(instr_r, notice_w))
+        held = {instr_r, instr_w, notice_r, notice_w}
+        return cls(instr_w, notice_r, (instr_r, notice_w), held)
 
     def environment(self) -> dict[str, str]:
         return {PARK_FD_ENV: str(self.child_fds[0]), PARKED_FD_ENV: str(self.child_fds[1])}
 
     def close_child_ends(self) -> None:
-        for fd in self.child_fds:
-            _close(fd)
+        self._close(self.child_fds)
+
+    def close(self) -> None:
+        self._close(tuple(self._held))
+
+    def _close(self, fds: tuple[int, ...]) -> None:
+        # Each fd once: a number closed twice may by then be another thread's file.
+        for fd in fds:
+            if fd in self._held:
+                self._held.discard(fd)
+                os.close(fd)
 
     def wait_parked(self, token: str) -> Notice:
         """Block until the worker parks; raise :class:`ParkError` if it exits first."""
@@ -194,17 +206,6 @@ class Channel:
         """Answer the park ``notice`` with ``instruction``; :class:`ParkError` if the worker
         is gone."""
         _write_line(self.instructions, seal(instruction.to_wire(notice.nonce), token))
-
-    def close(self) -> None:
-        for fd in (self.instructions, self.notices, *self.child_fds):
-            _close(fd)
-
-
-def _close(fd: int) -> None:
-    try:
-        os.close(fd)
-    except OSError:
-        pass  # already closed: closing twice is the caller's normal path
 
 
 # ------------------------------------------------------------------ lines
