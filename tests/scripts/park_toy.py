@@ -1,22 +1,30 @@
 """A toy worker for the park tests: counts, parks once at step PARK_AT, prints its identity.
 
-``python park_toy.py STEPS PARK_AT``: prints ``step <i> <value>`` per step (a running sum seeded
-by a random state, so a copy that lost or repeated state would print other numbers), parks at
-PARK_AT and prints ``instruction <kind> <slot>`` once released, then goes on to STEPS.
+``python park_toy.py STEPS PARK_AT [SLEEP]``: prints ``step <i> <value>`` per step (a running
+sum drawn from a seeded generator, so a copy that lost or repeated state would print other
+numbers), sleeping SLEEP seconds after each; parks before PARK_AT and prints ``instruction
+<kind> <slot>`` once released, then goes on to STEPS and exits with its slot (0 if none): the
+test reads a copy's exit status through its restore wrapper.
 """
 
 import os
 import random
 import sys
+import time
 
 from torchrelay.transparent import park
 
 steps, park_at = int(sys.argv[1]), int(sys.argv[2])
+pause = float(sys.argv[3]) if len(sys.argv) > 3 else 0.0
+slot = None
 rng = random.Random(1234)
 total = 0
 for step in range(steps):
     if step == park_at:
         instruction = park.wait(os.environ["TORCHRELAY_TOKEN"])
-        print(f"instruction {instruction.kind.value} {instruction.slot}", flush=True)
+        slot = instruction.slot
+        print(f"instruction {instruction.kind.value} {slot}", flush=True)
     total += rng.randrange(1000)
     print(f"step {step} {total}", flush=True)
+    time.sleep(pause)
+sys.exit(slot or 0)
