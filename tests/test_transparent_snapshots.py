@@ -1,0 +1,110 @@
+"""Process snapshots with the real CRIU (scripts/setup_criu.sh): a parked worker cloned and
+migrated -- a toy process and a torch training process -- goes on exactly where it parked, each
+copy obeying its own instructions; and a launcher's death takes its clones with it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.jobs import SCRIPTS
+from tests.snapshots import TOKEN, output, require_criu, start_worker
+from torchrelay.transparent import cloner
+from torchrelay.transparent.park import Instruction, Kind
+
+pytestmark = pytest.mark.slow
+CONTINUE = Instruction(Kind.CONTINUE, generation=1)
+
+
+def _steps(lines: list[str]) -> list[str]:
+    return [line for line in lines if line.startswith("step ")]
+
+
+def _reference(script: str, *args: str) -> list[str]:
+    lines, status = output(start_worker(script, *args).process)
+    assert status == 0, lines
+    return _steps(lines)
+
+
+def test_toy_clone_takes_its_own_identity(tmp_path: Path) -> None:
+    require_criu()
+    reference = _reference("park_toy.py", "8", "-1")
+    worker = start_worker("park_toy.py", "8", "4")
+    parked = worker.park()
+    copy = cloner.clone(parked, tmp_path)
+    assert copy.pid != worker.process.pid and copy.bytes > 0
+    assert not any((tmp_path / "snapshots").iterdir()), "images are removed once restored"
+    copy.channel.instruct(copy.notice, Instruction(Kind.BECOME, 2, slot=3), TOKEN)
+    clone_lines, clone_status = output(copy.process)
+    worker.channel.instruct(parked.notice, CONTINUE, TOKEN)
+    donor_lines, donor_status = output(worker.process)
+    # The donor printed steps 0-3 before the dump; the clone only what came after.
+    assert _steps(donor_lines) == reference and donor_status == 0
+    assert clone_lines[0] == "instruction become 3"
+    assert _steps(clone_lines) == reference[4:]
+    assert clone_status == 3, "the clone's exit status (its slot) reaches its agent"
+
+
+@pytest.fixture(scope="module")
+def mlp_reference() -> list[str]:
+    require_criu()
+    return _reference("park_mlp.py", "12", "-1")
+
+
+@pytest.mark.parametrize("move", ["clone", "migrate"])
+def test_torch_training_goes_on_exactly(tmp_path: Path, move: str, mlp_reference) -> None:
+    reference = mlp_reference
+    worker = start_worker("park_mlp.py", "12", "5")
+    parked = worker.park()
+    copy = getattr(cloner, move)(parked, tmp_path)
+    copy.channel.instruct(copy.notice, Instruction(Kind.BECOME, 2, slot=1), TOKEN)
+    if move == "clone":
+        worker.channel.instruct(parked.notice, CONTINUE, TOKEN)
+    donor_lines, donor_status = output(worker.process)
+    copy_lines, copy_status = output(copy.process)
+    assert copy_status == 0 and copy_lines[0] == "instruction become 1"
+    assert _steps(copy_lines) == reference[5:], "losses equal the reference run's exactly"
+    if move == "clone":
+        assert donor_status == 0 and _steps(donor_lines) == reference
+    else:
+        assert donor_status == -signal.SIGKILL, "CRIU kills a migrated worker once dumped"
+        assert _steps(donor_lines) == reference[:5]
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return state in ("Z", "X")
+
+
+def test_launcher_death_kills_its_clones(tmp_path: Path) -> None:
+    require_criu()
+    launcher = subprocess.Popen(
+        [sys.executable, str(SCRIPTS / "park_launcher.py"), str(tmp_path)],
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        start_new_session=True,
+    )
+    try:
+        assert launcher.stdout is not None
+        pids = json.loads(launcher.stdout.readline())
+        assert not _gone(pids["donor"]) and not _gone(pids["clone"])
+        os.killpg(launcher.pid, signal.SIGKILL)
+        launcher.wait(timeout=30)
+        deadline = time.monotonic() + 60  # a safety net: the kernel kills them at once
+        while not (_gone(pids["donor"]) and _gone(pids["clone"])):
+            assert time.monotonic() < deadline, f"outlived their launcher: {pids}"
+            time.sleep(0.05)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait()
