@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,9 +13,12 @@ import torch
 from torch.utils.data import BatchSampler, DistributedSampler
 
 from tests.jobs import cli
+from torchrelay.cli import run as run_cli
+from torchrelay.config import JobConfig
 from torchrelay.control.claims import OPEN_ENDED, judge_claim
 from torchrelay.transparent import sampler
 from torchrelay.transparent.boundary import Boundary
+from torchrelay.transparent.criu import CriuUnavailable
 from torchrelay.transparent.launch import SITE_DIR, worker_environment
 
 
@@ -111,3 +115,20 @@ def test_options_it_cannot_honour_are_refused(flags: tuple[str, ...], expected: 
     assert "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines() == [done.stderr.strip()]
     assert expected in done.stderr
+
+
+def test_no_criu_is_refused_in_one_line(monkeypatch, capsys) -> None:
+    # Which CRIU exists is find_criu's business (tests/test_transparent_snapshots.py); here:
+    # that run refuses, in one line with exit status 2, when it finds none.
+    def missing() -> None:
+        raise CriuUnavailable("transparent mode needs CRIU >= 4.1 (no criu found): run setup")
+
+    monkeypatch.setattr(run_cli, "find_criu", missing)
+    config = JobConfig(script="train.py", script_args=[], nproc_per_node=2, run_dir=Path("r"))
+    config.spares, config.transparent = 0, True
+    with pytest.raises(SystemExit) as exited:
+        run_cli._check_transparent(config, resume=False)
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == (
+        "torchrelay run: transparent mode needs CRIU >= 4.1 (no criu found): run setup\n"
+    )

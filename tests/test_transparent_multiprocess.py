@@ -18,6 +18,7 @@ import torch
 
 from tests.etcd import free_port
 from tests.jobs import SCRIPTS, JobResult, assert_bitwise_equal
+from tests.snapshots import require_criu
 
 SCRIPT = str(SCRIPTS / "plain_trainer.py")
 # 96 samples, 2 ranks, batches of 4: 12 steps per epoch, 3 epochs.
@@ -47,6 +48,7 @@ def torchrun_weights(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torc
 
 
 def transparent_job(run_dir: Path, *chaos: str) -> JobResult:
+    require_criu()  # --transparent refuses to start without it
     command = [
         sys.executable,
         "-m",

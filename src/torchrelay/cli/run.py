@@ -18,6 +18,7 @@ from torchrelay.control.store import StoreError, StoreSpec, open_backend, parse_
 from torchrelay.health.policy import HealthPolicy, PolicyError, load_policy
 from torchrelay.health.poller import DEFAULT_INTERVAL as DEFAULT_HEALTH_POLL
 from torchrelay.report.summary import render_text, summarize
+from torchrelay.transparent.criu import CriuUnavailable, find_criu
 from torchrelay.transparent.launch import refusal
 
 MAX_PROCESSES = 256
@@ -274,11 +275,22 @@ def config_from_args(
         transparent=args.transparent,
     )
     if config.transparent:
-        reason = refusal(config, args.resume)
-        if reason is not None:
-            print(f"torchrelay run: {reason}", file=sys.stderr)
-            raise SystemExit(2)
+        _check_transparent(config, args.resume)
     return config
+
+
+def _check_transparent(config: JobConfig, resume: bool) -> None:
+    """``--transparent`` with options it cannot honour, or without a working CRIU (a crash
+    could not be cured): one line, exit status 2."""
+    reason = refusal(config, resume)
+    if reason is None:
+        try:
+            find_criu()
+        except CriuUnavailable as exc:
+            reason = str(exc)
+    if reason is not None:
+        print(f"torchrelay run: {reason}", file=sys.stderr)
+        raise SystemExit(2)
 
 
 def _health_poll(seconds: float | None) -> float:
