@@ -93,3 +93,20 @@ def test_a_step_cut_in_its_all_reduce_is_voided_and_redone(
     assert [f["lost_steps"] for f in summary["failures"]] == [0]
     assert [f["recomputed_steps"] for f in summary["failures"]] == [1]
     assert_bitwise_equal(job.weights(), torchrun(*reference), job)
+
+
+def test_a_loader_with_worker_processes_is_refused_in_one_line(tmp_path) -> None:
+    script = tmp_path / "prefetching.py"
+    script.write_text(
+        "import torch, torch.distributed as dist\n"
+        "from torch.utils.data import DataLoader, DistributedSampler, TensorDataset\n"
+        'dist.init_process_group("gloo")\n'
+        "data = TensorDataset(torch.randn(16, 2))\n"
+        "loader = DataLoader(data, batch_size=2, sampler=DistributedSampler(data), num_workers=2)\n"
+        "for batch in loader:\n"
+        "    pass\n"
+    )
+    job = transparent_job(tmp_path / "run", str(script))
+    assert job.returncode == 1
+    assert "Traceback" not in job.output
+    assert "a DataLoader with num_workers > 0 fetches batches ahead" in job.output

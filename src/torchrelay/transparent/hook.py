@@ -45,7 +45,8 @@ from torch.optim import lr_scheduler
 from torch.utils.data import DataLoader, DistributedSampler
 
 from torchrelay.control.claims import OPEN_ENDED
-from torchrelay.control.protocol import MaxSteps
+from torchrelay.control.client import ControlError
+from torchrelay.control.protocol import ErrorReport, MaxSteps
 from torchrelay.runtime import relay as relay_module
 from torchrelay.runtime.ddp import fix_buckets
 from torchrelay.transparent import sampler
@@ -176,6 +177,24 @@ def _init_process_group(*_args: Any, **_kwargs: Any) -> None:
         with _rng_kept():
             relay = relay_module.init()
         _worker = TransparentWorker(relay)
+        _refusals_in_one_line(relay)
+
+
+def _refusals_in_one_line(relay: relay_module.Relay) -> None:
+    """A :class:`TransparentError` ends the worker with its one line, no traceback (it is the
+    script's shape that is refused, not a bug at some line of it)."""
+    reports = sys.excepthook  # the relay's: it reports the error, then prints the traceback
+
+    def hook(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
+        if not isinstance(exc, TransparentError):
+            reports(kind, exc, tb)
+            return
+        with contextlib.suppress(ControlError):
+            error = ErrorReport(step=relay._current_step, traceback=str(exc))
+            relay._client.send(error, timeout=5.0)
+        print(exc, file=sys.stderr, flush=True)
+
+    sys.excepthook = hook
 
 
 def _destroying(original: Callable[..., Any]) -> Callable[..., Any]:
