@@ -10,6 +10,8 @@ communicator is rebuilt, and the script's own loop runs the same batch again.
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -19,7 +21,7 @@ import pytest
 import torch
 
 from tests.etcd import free_port
-from tests.jobs import SCRIPTS, JobResult, assert_bitwise_equal
+from tests.jobs import SCRIPTS, JobResult, assert_bitwise_equal, await_status, cli
 from tests.snapshots import require_criu
 
 # 96 samples, 2 ranks, batches of 4: 12 batches per epoch, 3 epochs.
@@ -110,3 +112,21 @@ def test_a_loader_with_worker_processes_is_refused_in_one_line(tmp_path) -> None
     assert job.returncode == 1
     assert "Traceback" not in job.output
     assert "a DataLoader with num_workers > 0 fetches batches ahead" in job.output
+
+
+def test_a_drain_is_refused_in_one_line_until_migration_is_wired(tmp_path) -> None:
+    require_criu()
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "torchrelay.cli.main", "run", "--transparent", "--quiet"]
+    command += ["--nproc-per-node", "2", "--spares", "0", "--run-dir", str(run_dir)]
+    command += [str(SCRIPTS / "plain_trainer.py"), "--epochs", "1000"]
+    job = subprocess.Popen(command, stdout=subprocess.DEVNULL, start_new_session=True)
+    try:
+        await_status(run_dir, lambda status: status["steps_committed"] >= 1)
+        drained = cli("drain", "--run-dir", str(run_dir), "--rank", "1")
+        assert drained.returncode != 0
+        assert drained.stderr.strip().splitlines() == [drained.stderr.strip()]
+        assert "needs the CRIU migration" in drained.stderr
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
