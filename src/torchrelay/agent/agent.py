@@ -30,6 +30,7 @@ from torchrelay.health import quarantine
 from torchrelay.health.poller import HealthPoller, node_sources
 from torchrelay.health.readings import Reading
 from torchrelay.transparent import cloner, criu
+from torchrelay.transparent.launch import worker_environment
 from torchrelay.transparent.park import Channel, Instruction, Notice
 
 ExitCallback = Callable[[str, int], None]
@@ -90,6 +91,8 @@ class NodeAgent:
             }
         )
         env.update(checkpoint_environment(self.config))
+        if self.config.transparent:
+            env.update(worker_environment(env))
         # Like torchrun: several processes per node must not each spawn a thread per core.
         env.setdefault("OMP_NUM_THREADS", "1")
         self.environment = env

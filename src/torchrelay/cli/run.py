@@ -18,6 +18,8 @@ from torchrelay.control.store import StoreError, StoreSpec, open_backend, parse_
 from torchrelay.health.policy import HealthPolicy, PolicyError, load_policy
 from torchrelay.health.poller import DEFAULT_INTERVAL as DEFAULT_HEALTH_POLL
 from torchrelay.report.summary import render_text, summarize
+from torchrelay.transparent.criu import CriuUnavailable, find_criu
+from torchrelay.transparent.launch import refusal
 
 MAX_PROCESSES = 256
 """Upper bound on ``--nproc-per-node`` and on ``--spares``: each is a Python process holding a
@@ -176,6 +178,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="go on with the job of --run-dir (its launcher and workers gone) from the newest "
         "complete checkpoint in --checkpoint-dir; the same command plus --resume",
     )
+    p.add_argument(
+        "--transparent",
+        action="store_true",
+        help="run an unmodified torchrun script (no torchrelay API): failures are cured by "
+        "voiding the step in flight and rebuilding the communicator (docs/transparent.md)",
+    )
     p.add_argument("--quiet", action="store_true", help="do not stream worker output")
     p.add_argument("script", help="the training script")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
@@ -240,7 +248,7 @@ def config_from_args(
     except PolicyError as exc:
         raise SystemExit(f"torchrelay run: {exc}") from None
     every = checkpoint_every(args, placement.run_dir is not None)
-    return JobConfig(
+    config = JobConfig(
         script=args.script,
         script_args=script_args,
         nproc_per_node=args.nproc_per_node,
@@ -264,7 +272,25 @@ def config_from_args(
         health_policy=policy,
         checkpoint_dir=args.checkpoint_dir,
         checkpoint_every=every,
+        transparent=args.transparent,
     )
+    if config.transparent:
+        _check_transparent(config, args.resume)
+    return config
+
+
+def _check_transparent(config: JobConfig, resume: bool) -> None:
+    """``--transparent`` with options it cannot honour, or without a working CRIU (a crash
+    could not be cured): one line, exit status 2."""
+    reason = refusal(config, resume)
+    if reason is None:
+        try:
+            find_criu()
+        except CriuUnavailable as exc:
+            reason = str(exc)
+    if reason is not None:
+        print(f"torchrelay run: {reason}", file=sys.stderr)
+        raise SystemExit(2)
 
 
 def _health_poll(seconds: float | None) -> float:

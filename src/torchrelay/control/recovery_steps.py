@@ -177,7 +177,7 @@ def _abandon(
         return current.deadline
     step = job.highest_committed + 1
     causes = {slot: str(job.recovery.failed[slot]["cause"]) for slot in current.slots}
-    reason = no_spare_reason(causes, step, config.spares)
+    reason = no_spare_reason(causes, step, config.spares, config.transparent)
     abandoned = events.RecoveryAbandoned(slots=tuple(current.slots), step=step, reason=reason)
     actions.append(Record(abandoned))
     actions += fail(job, reason)

@@ -1,0 +1,132 @@
+"""``torchrelay run --transparent`` on ordinary torchrun scripts (tests/scripts/plain_trainer.py
+and torchrun_ddp.py, not written for torchrelay): real jobs, compared bit for bit with the same
+script under torchrun.
+
+The failure is a communicator that silently stops delivering in the middle of a step (``drop``
+chaos): every rank is blocked in the step's gradient all-reduce, the controller aborts the
+generation, each rank voids the step (its optimizer, scheduler, RNG, sampler position), the
+communicator is rebuilt, and the script's own loop runs the same batch again.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.etcd import free_port
+from tests.jobs import SCRIPTS, JobResult, assert_bitwise_equal, await_status, cli
+from tests.snapshots import require_criu
+
+# 96 samples, 2 ranks, batches of 4: 12 batches per epoch, 3 epochs.
+PLAIN = ("plain_trainer.py",)
+PER_EPOCH = 12
+
+pytestmark = pytest.mark.slow
+
+Weights = dict[str, torch.Tensor]
+
+
+@pytest.fixture(scope="module")
+def torchrun(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Weights]:
+    """The final weights of a script under torchrun (2 ranks), once per script and arguments."""
+    done: dict[tuple[str, ...], Weights] = {}
+
+    def weights(script: str, *args: str) -> Weights:
+        if (script, *args) not in done:
+            out = tmp_path_factory.mktemp("torchrun") / "final.pt"
+            command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+            command += ["--master-port", str(free_port()), str(SCRIPTS / script), *args]
+            run = subprocess.run(
+                [*command, "--out", str(out)], capture_output=True, text=True, timeout=300
+            )
+            assert run.returncode == 0, run.stdout + run.stderr
+            done[(script, *args)] = torch.load(out, weights_only=True)
+        return done[(script, *args)]
+
+    return weights
+
+
+def transparent_job(run_dir: Path, script: str, *args: str, chaos: str = "") -> JobResult:
+    require_criu()  # --transparent refuses to start without it
+    command = [sys.executable, "-m", "torchrelay.cli.main", "run", "--transparent"]
+    command += ["--nproc-per-node", "2", "--spares", "0", "--run-dir", str(run_dir)]
+    command += [f"--chaos={chaos}"] * bool(chaos)
+    command += [str(SCRIPTS / script), *args, "--out", str(run_dir / "final.pt")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    return JobResult(done.returncode, done.stdout + done.stderr, run_dir)
+
+
+def test_unmodified_script_runs_as_under_torchrun(tmp_path, torchrun) -> None:
+    snapshot = tmp_path / "snapshot.pt"
+    job = transparent_job(tmp_path / "run", *PLAIN, "--snapshot", str(snapshot))
+    assert job.returncode == 0, job.output
+    assert job.summary()["steps_committed"] == 3 * PER_EPOCH
+    assert snapshot.is_file()  # the script's own snapshot file
+    assert_bitwise_equal(job.weights(), torchrun(*PLAIN), job)
+
+
+@pytest.mark.parametrize(
+    ("script", "step", "reference"),
+    [
+        (PLAIN, PER_EPOCH + 5, PLAIN),  # mid-epoch
+        # an epoch's first batch: the step made a new DataLoader iterator
+        (PLAIN, PER_EPOCH, PLAIN),
+        ((*PLAIN, "--accumulate", "2"), PER_EPOCH // 2 + 3, (*PLAIN, "--accumulate", "2")),
+        # A loop counted by range(12), random data drawn in it: the voided step used up one
+        # iteration of the script's counter, so the job equals a failure-free run of 11 steps.
+        (("torchrun_ddp.py", "--steps", "12"), 7, ("torchrun_ddp.py", "--steps", "11")),
+    ],
+    ids=["mid-epoch", "epoch-start", "accumulation", "counted-loop"],
+)
+def test_a_step_cut_in_its_all_reduce_is_voided_and_redone(
+    tmp_path, torchrun, script, step, reference
+):
+    job = transparent_job(tmp_path / "run", *script, chaos=f"drop:rank=1:step={step}")
+    assert job.returncode == 0, job.output
+    assert f"step {step} voided" in job.output
+    summary = job.summary()
+    assert [f["lost_steps"] for f in summary["failures"]] == [0]
+    assert [f["recomputed_steps"] for f in summary["failures"]] == [1]
+    assert_bitwise_equal(job.weights(), torchrun(*reference), job)
+
+
+def test_a_loader_with_worker_processes_is_refused_in_one_line(tmp_path) -> None:
+    script = tmp_path / "prefetching.py"
+    script.write_text(
+        "import torch, torch.distributed as dist\n"
+        "from torch.utils.data import DataLoader, DistributedSampler, TensorDataset\n"
+        'dist.init_process_group("gloo")\n'
+        "data = TensorDataset(torch.randn(16, 2))\n"
+        "loader = DataLoader(data, batch_size=2, sampler=DistributedSampler(data), num_workers=2)\n"
+        "for batch in loader:\n"
+        "    pass\n"
+    )
+    job = transparent_job(tmp_path / "run", str(script))
+    assert job.returncode == 1
+    assert "Traceback" not in job.output
+    assert "a DataLoader with num_workers > 0 fetches batches ahead" in job.output
+
+
+def test_a_drain_is_refused_in_one_line_until_migration_is_wired(tmp_path) -> None:
+    require_criu()
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "torchrelay.cli.main", "run", "--transparent", "--quiet"]
+    command += ["--nproc-per-node", "2", "--spares", "0", "--run-dir", str(run_dir)]
+    command += [str(SCRIPTS / "plain_trainer.py"), "--epochs", "1000"]
+    job = subprocess.Popen(command, stdout=subprocess.DEVNULL, start_new_session=True)
+    try:
+        await_status(run_dir, lambda status: status["steps_committed"] >= 1)
+        drained = cli("drain", "--run-dir", str(run_dir), "--rank", "1")
+        assert drained.returncode != 0
+        assert drained.stderr.strip().splitlines() == [drained.stderr.strip()]
+        assert "needs the CRIU migration" in drained.stderr
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
