@@ -97,6 +97,40 @@ def test_a_step_cut_in_its_all_reduce_is_voided_and_redone(
     assert_bitwise_equal(job.weights(), torchrun(*reference), job)
 
 
+def job_processes(run_dir: Path) -> list[int]:
+    """Pids of live processes of the job in ``run_dir``: its environment names it (workers,
+    clones) or its command line does (an nsinit restores images from under it)."""
+    mark = f"TORCHRELAY_RUN_DIR={run_dir}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                environ = (entry / "environ").read_bytes().split(b"\0")
+                command = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue  # gone meanwhile, or not ours
+            if mark in environ or str(run_dir).encode() in command:
+                found.append(int(entry.name))
+    return found
+
+
+def test_a_killed_worker_is_rebuilt_from_a_clone_of_a_live_replica(tmp_path, torchrun) -> None:
+    step = PER_EPOCH + 5
+    job = transparent_job(tmp_path / "run", *PLAIN, chaos=f"kill:rank=1:step={step}")
+    assert job.returncode == 0, job.output
+    assert f"step {step} voided" in job.output
+    [cloned] = [e for e in job.ledger() if e["event"] == "replica_cloned"]
+    assert (cloned["donor"], cloned["slot"]) == ("worker0", 1)
+    assert cloned["ordered"] <= cloned["parked"] <= cloned["dumped"] <= cloned["restored"]
+    [done] = [e for e in job.ledger() if e["event"] == "recovery_done"]
+    assert done["lost_steps"] == 0 and done["recomputed_steps"] == 1
+    assert done["bytes_transferred"] >= cloned["bytes"] > 10**7  # a whole process image
+    assert done["timeline"]["restored"] == cloned["restored"]
+    assert job.summary()["steps_committed"] == 3 * PER_EPOCH
+    assert_bitwise_equal(job.weights(), torchrun(*PLAIN), job)
+    assert job_processes(tmp_path / "run") == []  # no clone, no nsinit left behind
+
+
 def test_a_loader_with_worker_processes_is_refused_in_one_line(tmp_path) -> None:
     script = tmp_path / "prefetching.py"
     script.write_text(

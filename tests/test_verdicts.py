@@ -158,4 +158,4 @@ def test_reasons_are_one_line_and_name_rank_step_and_cause():
 def test_a_transparent_job_is_not_told_to_add_spares():
     reason = no_spare_reason({1: "SIGKILL"}, 6, 0, transparent=True)
     assert "\n" not in reason and reason.startswith("rank(s) [1] lost in step 6 (rank 1: ")
-    assert "--spares" not in reason and "cannot rebuild a dead worker yet" in reason
+    assert "--spares" not in reason and "could not clone a live replica" in reason

@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 
 from torchrelay.chaos import ChaosEvent
 from torchrelay.event_base import Event
+from torchrelay.events_criu import CopyFailed, ReplicaCloned, WorkerMigrated
 from torchrelay.events_durable import CheckpointSaved, FallbackRestart, Progress, Resumed
 from torchrelay.events_moves import (
     ControllerTakeover,
@@ -346,6 +347,9 @@ EVENTS = registry(
     HandoverDone,
     HandoverAbandoned,
     ControllerTakeover,
+    ReplicaCloned,
+    WorkerMigrated,
+    CopyFailed,
     FencedRefused,
     ClaimRefused,
     WarningEvent,

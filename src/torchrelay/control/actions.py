@@ -73,6 +73,18 @@ class QuarantineDevice:
     reason: str
 
 
+@dataclass(frozen=True)
+class CloneReplica:
+    """Transparent mode: once ``donor`` (told to park) waits on its park channel, have the
+    controller's node agent copy it into a new spare that will take ``slot`` (see
+    :mod:`torchrelay.agent.cloning`); the outcome comes back as a ledger event."""
+
+    donor: str
+    slot: int
+    generation: int
+    ordered: float
+
+
 Action = (
     Send
     | SendToNode
@@ -82,6 +94,7 @@ Action = (
     | EndJob
     | StartRecovery
     | QuarantineDevice
+    | CloneReplica
 )
 
 

@@ -27,6 +27,7 @@ from torchrelay.control import (
     membership,
     nodes,
     takeover,
+    transparent,
 )
 from torchrelay.control.actions import Action, Refused
 from torchrelay.control.coordinator import Coordinator
@@ -83,7 +84,9 @@ class Controller(Coordinator):
         )
         # Control requests refused before they reached the controller (counted by the server).
         self.rejections = Rejections(ledger)
-        self._executor = Executor(ledger, agent, self.rejections, self._kick_recovery, observe)
+        self._executor = Executor(
+            ledger, agent, self.rejections, self._kick_recovery, observe, self._copied
+        )
         self._cond = threading.Condition()
         self._recovery_thread: threading.Thread | None = None
         # Set once the durable state could not be written: from then on nothing is acted on
@@ -257,6 +260,11 @@ class Controller(Coordinator):
             if isinstance(message, Progress):
                 return Lease(hang_timeout=self.job.hang_timeout)
             return None
+
+    def _copied(self, event: Event) -> None:
+        """The node agent's outcome of a transparent clone (see control.transparent)."""
+        with self._transition():
+            self._apply(transparent.copied(self.job, event))
 
     def on_exit(self, process: str, returncode: int) -> None:
         """The agent saw ``process`` exit with ``returncode`` (negative: killed by a signal)."""

@@ -3,18 +3,21 @@
 It owns what cannot be plain state: the outbox of every process and node agent (their watch
 streams read them), the local node agent, the ledger and the refused-request counter. Actions
 are applied in order, under the controller's lock; none of them blocks (an outbox put and a
-ledger append return at once, the agent only sends a signal or starts a process).
+ledger append return at once, the agent only sends a signal or starts a process; a transparent
+clone runs on a thread of its own and comes back through ``copied``).
 """
 
 from __future__ import annotations
 
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from torchrelay.control.actions import (
     Action,
+    CloneReplica,
     EndJob,
     QuarantineDevice,
     Record,
@@ -40,6 +43,10 @@ class AgentHandle(Protocol):
 
     def kill(self, process: str, signum: int = signal.SIGKILL) -> None: ...
 
+    def clone_replica(self, action: CloneReplica) -> Event:
+        """Transparent mode: carry out ``action`` (blocks); the outcome as a ledger event."""
+        ...
+
 
 class Executor:
     """Applies actions; ``start_recovery`` is called for :class:`StartRecovery`, ``observe``
@@ -53,12 +60,14 @@ class Executor:
         rejections: Rejections,
         start_recovery: Callable[[], None],
         observe: Callable[[Event], None] | None = None,
+        copied: Callable[[Event], None] | None = None,
     ) -> None:
         self.ledger = ledger
         self.agent = agent
         self.rejections = rejections
         self._start_recovery = start_recovery
         self._observe = observe
+        self._copied = copied
         self.process_outboxes: dict[str, Outbox] = {}
         self.node_outboxes: dict[str, Outbox] = {}
 
@@ -97,8 +106,16 @@ class Executor:
                 self._start_recovery()
             elif isinstance(action, QuarantineDevice):
                 self._quarantine(action)
+            elif isinstance(action, CloneReplica):
+                # A copy takes seconds: never under the controller's lock.
+                threading.Thread(target=self._clone, args=(action,), daemon=True).start()
             else:
                 raise TypeError(f"unknown action {action!r}")
+
+    def _clone(self, action: CloneReplica) -> None:
+        outcome = self.agent.clone_replica(action)
+        if self._copied is not None:
+            self._copied(outcome)
 
     def _quarantine(self, action: QuarantineDevice) -> None:
         entry = quarantine.Quarantined(

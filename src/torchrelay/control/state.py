@@ -194,6 +194,8 @@ class Round:
     # A planned handover instead of a recovery: {"boundary": step, "aborted": bool,
     # "requests": {slot (str): request}} (see control.handover).
     handover: dict[str, Any] | None = None
+    # Transparent mode: the copies made for this round (replica_cloned events, as dicts).
+    copies: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def deadline(self) -> float:

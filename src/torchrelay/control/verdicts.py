@@ -178,10 +178,10 @@ def no_spare_reason(
     """Why a recovery of the slots in ``causes`` (slot -> cause) was given up in ``step``."""
     named = ", ".join(f"rank {slot}: {cause}" for slot, cause in sorted(causes.items()))
     lost = f"rank(s) {sorted(causes)} lost in step {step} ({named})"
-    if transparent:  # it keeps no spare: a replica would be cloned (docs/transparent.md)
+    if transparent:  # it keeps no spare: a live replica is cloned (docs/transparent.md)
         return (
-            f"{lost}; --transparent cannot rebuild a dead worker yet (cloning a live replica "
-            "with CRIU is not wired); only a communicator failure is cured in this mode"
+            f"{lost}; --transparent could not clone a live replica into their place (no "
+            "survivor on the controller's node, or the copy failed: see the ledger's copy_failed)"
         )
     return (
         f"{lost} and no spare can replace them: none is ready, starting or being launched "

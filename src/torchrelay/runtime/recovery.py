@@ -13,6 +13,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch.distributed as dist
@@ -24,6 +25,7 @@ from torchrelay.control.protocol import (
     Finish,
     Halted,
     Message,
+    Park,
     PhaseDone,
     Plan,
     Progress,
@@ -61,11 +63,15 @@ class Recovery:
     _first_after_recovery: bool
     _state_valid: bool
     _retired: list[dist.ProcessGroup]
+    # Called with the slot at every generation (transparent mode re-targets the samplers).
+    on_slot: Callable[[int], None] | None
 
     def _bind(self, generation: int, rank: int) -> None:
         self.guard.enter_generation(generation)
         self.generation, self.rank = generation, rank
         os.environ["RANK"] = str(rank)
+        if self.on_slot is not None:
+            self.on_slot(rank)
         store = dist.PrefixStore(f"torchrelay/g{generation}", self._store)
         if generation > 0:
             # Gloo's own rendezvous cannot be interrupted; meet on store keys first, so that a
@@ -166,7 +172,9 @@ class Recovery:
     def _next_message(self, *kinds: type[Message]) -> Message:
         while True:
             message = self._inbox.get()
-            if isinstance(message, kinds):
+            if isinstance(message, Park):
+                self._park()  # type: ignore[attr-defined]  # transparent mode (runtime.parking)
+            elif isinstance(message, kinds):
                 return message
 
     def _apply_plan(self, plan: Plan) -> None:

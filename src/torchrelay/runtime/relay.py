@@ -55,6 +55,7 @@ from torchrelay.runtime.devices import select_device
 from torchrelay.runtime.env import RelayEnv
 from torchrelay.runtime.facade import StableProcessGroup
 from torchrelay.runtime.guard import StepGuard, guard_optimizer
+from torchrelay.runtime.parking import Parking
 from torchrelay.runtime.recovery import Recovery
 from torchrelay.runtime.replicas import AgreementCheck, LocalMirror, describe
 from torchrelay.runtime.rng import SETUP_STEP, seed_all
@@ -62,7 +63,7 @@ from torchrelay.runtime.timing import StepTimer
 from torchrelay.runtime.tracked import TrackedState, TrackingError
 
 
-class Relay(ControlLink, Recovery, ChaosInjection):
+class Relay(ControlLink, Recovery, ChaosInjection, Parking):
     """One process's membership in a torchrelay job. Create it with :func:`init`."""
 
     def __init__(self, env: RelayEnv, client: ControlClient, joined: JoinAnswer, seed: int) -> None:
@@ -97,6 +98,11 @@ class Relay(ControlLink, Recovery, ChaosInjection):
         self._last_commit_t: float | None = None  # wall time, for the survivors' stall
         self._state_valid = self.rank is not None  # a spare holds no state worth sending
         self._retired: list[dist.ProcessGroup] = []
+        self.on_slot: Callable[[int], None] | None = None
+        self._unparked = threading.Event()
+        self._unparked.set()
+        self._watch_paused = threading.Event()
+        self._beating = threading.Lock()
         self.timer = StepTimer()
         self.checkpoints = Checkpointer.from_environ(
             env.world_size,

@@ -71,6 +71,7 @@ class TransparentWorker:
         self._fetched = False  # the step in flight has fetched from a DistributedSampler
         self._boundary: Boundary | None = None
         sampler.before_next = self._before_fetch
+        relay.on_slot = sampler.retarget  # a clone takes its dead slot's share of the data
         relay._send(MaxSteps(max_steps=OPEN_ENDED))  # the script decides where it ends
         self._begin(0)
 
