@@ -26,7 +26,7 @@ from typing import IO, Any
 from torchrelay.agent.resume import checkpoint_environment
 from torchrelay.agent.spawn import signal_group, spawn
 from torchrelay.config import JobConfig
-from torchrelay.control.actions import CloneReplica
+from torchrelay.control.actions import CloneReplica, MigrateWorker
 from torchrelay.event_base import Event
 from torchrelay.health import quarantine
 from torchrelay.health.poller import HealthPoller, node_sources
@@ -269,6 +269,12 @@ class NodeAgent:
         from torchrelay.agent.cloning import clone_replica  # it builds on this class
 
         return clone_replica(self, action)
+
+    def migrate_worker(self, action: MigrateWorker) -> Event:
+        """Move the process of ``action`` into a copy of itself (see :mod:`agent.cloning`)."""
+        from torchrelay.agent.cloning import migrate_worker  # it builds on this class
+
+        return migrate_worker(self, action)
 
     def _parked_record(self, process: str) -> cloner.Parked:
         with self._lock:

@@ -1,4 +1,5 @@
-"""The node agent's part of transparent mode's recoveries: clone a parked replica into a spare.
+"""The node agent's part of transparent mode's recoveries: clone a parked replica into a spare,
+or move a drained worker into a copy of itself.
 
 The controller tells a live replica (the donor) to park (:class:`~torchrelay.control.protocol.
 Park`) and asks this node's agent to copy it (:class:`~torchrelay.control.actions.
@@ -14,6 +15,12 @@ CloneReplica`). :func:`clone_replica` then, off the controller's lock:
 It returns the ledger event that says what happened: :class:`ReplicaCloned`, or
 :class:`CopyFailed` with one line (the donor is then released with ``CONTINUE`` if it can be,
 and the recovery finds no spare coming). It never raises for a CRIU or park failure.
+
+:func:`migrate_worker` is a drain's move (:class:`MigrateWorker`): the worker parks at the
+handover's boundary, is dumped (CRIU kills it) and restored under the same name, and is told
+``CONTINUE``: same slot, same identity, nothing redone (:class:`WorkerMigrated`). A failed dump
+leaves it running where it was (:class:`CopyFailed`); a failed restore is its death, which the
+agent reports as any exit.
 """
 
 from __future__ import annotations
@@ -22,10 +29,10 @@ import contextlib
 import time
 
 from torchrelay.agent.agent import NodeAgent
-from torchrelay.control.actions import CloneReplica
+from torchrelay.control.actions import CloneReplica, MigrateWorker
 from torchrelay.event_base import Event
-from torchrelay.events_criu import CopyFailed, ReplicaCloned
-from torchrelay.transparent.criu import CriuError, CriuUnavailable
+from torchrelay.events_criu import CopyFailed, ReplicaCloned, WorkerMigrated
+from torchrelay.transparent.criu import CriuError, CriuUnavailable, RestoreFailed
 from torchrelay.transparent.park import Instruction, Kind, ParkError
 
 
@@ -54,6 +61,33 @@ def clone_replica(agent: NodeAgent, action: CloneReplica) -> Event:
         ordered=action.ordered,
         parked=parked,
         dumped=dumped,
+        restored=time.time(),
+        bytes=copy.bytes,
+        dump_seconds=copy.dump_seconds,
+        restore_seconds=copy.restore_seconds,
+    )
+
+
+def migrate_worker(agent: NodeAgent, action: MigrateWorker) -> Event:
+    """Carry out ``action`` (see the module doc); blocks for the park and the move."""
+    process, generation = action.process, action.generation
+    try:
+        agent.parked(process)
+        parked = time.time()
+        copy = agent.migrate(process)
+        agent.instruct(process, Instruction(Kind.CONTINUE, generation))
+    except (CriuError, CriuUnavailable, ParkError, OSError) as exc:
+        if not isinstance(exc, RestoreFailed):  # alive and parked: it goes on where it is
+            with contextlib.suppress(ParkError, KeyError):
+                agent.instruct(process, Instruction(Kind.CONTINUE, generation))
+        return CopyFailed(process=process, kind="migrate", reason=str(exc).splitlines()[0])
+    return WorkerMigrated(
+        process=process,
+        slot=action.slot,
+        generation=generation,
+        ordered=action.ordered,
+        parked=parked,
+        dumped=parked + copy.dump_seconds,
         restored=time.time(),
         bytes=copy.bytes,
         dump_seconds=copy.dump_seconds,

@@ -85,6 +85,18 @@ class CloneReplica:
     ordered: float
 
 
+@dataclass(frozen=True)
+class MigrateWorker:
+    """Transparent mode: once ``process`` (told to park at a handover's boundary) waits on its
+    park channel, have the controller's node agent move it into a restored copy of itself
+    (same name and slot); the outcome comes back as a ledger event."""
+
+    process: str
+    slot: int
+    generation: int
+    ordered: float
+
+
 Action = (
     Send
     | SendToNode
@@ -95,6 +107,7 @@ Action = (
     | StartRecovery
     | QuarantineDevice
     | CloneReplica
+    | MigrateWorker
 )
 
 

@@ -361,17 +361,14 @@ class Controller(Coordinator):
 
     def _drain(self, target: str) -> dict[str, Any]:
         """Hand the slot of process ``target``, or every slot of node ``target``, to spares
-        at a step boundary (see :mod:`torchrelay.control.handover`)."""
-        if self.config.transparent:
-            # Its worker would have to move with its frames (a CRIU migration): not wired yet.
-            raise ProtocolError(
-                "a drain of a --transparent job needs the CRIU migration of its worker, which "
-                "this version does not drive yet (docs/transparent.md)"
-            )
+        at a step boundary, or in a --transparent job move its worker into a CRIU copy (see
+        :mod:`torchrelay.control.handover`)."""
         job, now = self.job, time.time()
         slots = [m.slot for m in job.slot_members() if target in (m.node, m.process)]
         if not slots:
             raise ProtocolError(f"{target} holds no slot (processes and nodes can be drained)")
+        if self.config.transparent:  # its workers move by CRIU (see control.transparent)
+            transparent.check_drain(job, slots)  # type: ignore[arg-type]
         reason = f"drain of {target} asked by an operator"
         self._apply(handover.request(job, slots, reason, now, now))  # type: ignore[arg-type]
         return {"drain": target, "slots": slots}

@@ -19,6 +19,7 @@ from torchrelay.control.actions import (
     Action,
     CloneReplica,
     EndJob,
+    MigrateWorker,
     QuarantineDevice,
     Record,
     Send,
@@ -44,6 +45,10 @@ class AgentHandle(Protocol):
     def kill(self, process: str, signum: int = signal.SIGKILL) -> None: ...
 
     def clone_replica(self, action: CloneReplica) -> Event:
+        """Transparent mode: carry out ``action`` (blocks); the outcome as a ledger event."""
+        ...
+
+    def migrate_worker(self, action: MigrateWorker) -> Event:
         """Transparent mode: carry out ``action`` (blocks); the outcome as a ledger event."""
         ...
 
@@ -106,14 +111,17 @@ class Executor:
                 self._start_recovery()
             elif isinstance(action, QuarantineDevice):
                 self._quarantine(action)
-            elif isinstance(action, CloneReplica):
+            elif isinstance(action, CloneReplica | MigrateWorker):
                 # A copy takes seconds: never under the controller's lock.
                 threading.Thread(target=self._clone, args=(action,), daemon=True).start()
             else:
                 raise TypeError(f"unknown action {action!r}")
 
-    def _clone(self, action: CloneReplica) -> None:
-        outcome = self.agent.clone_replica(action)
+    def _clone(self, action: CloneReplica | MigrateWorker) -> None:
+        if isinstance(action, CloneReplica):
+            outcome = self.agent.clone_replica(action)
+        else:
+            outcome = self.agent.migrate_worker(action)
         if self._copied is not None:
             self._copied(outcome)
 

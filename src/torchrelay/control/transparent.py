@@ -10,17 +10,26 @@ carries only the step number, since the copy holds the donor's whole state.
 
 :func:`copied` takes the agent's outcome: a :class:`ReplicaCloned` is kept for the round's
 ``recovery_done`` (bytes moved, the copy's timeline); a :class:`CopyFailed` means no spare is
-coming, so the recovery ends the job with the reason. Pure functions over the job's state.
+coming, so the recovery ends the job with the reason.
+
+A drain (:mod:`handover`) needs no spare either: at the boundary, :func:`migrations` tells each
+drained worker to park and the agent to move it (:class:`MigrateWorker`: dump, CRIU kills the
+original, restore under the same name); the plan then re-forms the same members in a new
+generation, and nothing is redone. Pure functions over the job's state.
 """
 
 from __future__ import annotations
 
-from torchrelay.control.actions import Action, CloneReplica, Record, Send
+from torchrelay.config import JobConfig
+from torchrelay.control.actions import Action, CloneReplica, MigrateWorker, Record, Send
+from torchrelay.control.endings import fail
+from torchrelay.control.errors import ProtocolError
+from torchrelay.control.plan_publish import next_step
 from torchrelay.control.protocol import Park
 from torchrelay.control.spares import spare_accounted
-from torchrelay.control.state import JobState, Member, MemberState
+from torchrelay.control.state import JobState, Member, MemberState, RecoveryStep, Role, Round
 from torchrelay.event_base import Event
-from torchrelay.events_criu import CopyFailed, ReplicaCloned
+from torchrelay.events_criu import CopyFailed, ReplicaCloned, WorkerMigrated
 
 
 def donors(job: JobState, survivors: list[Member], needed: int) -> list[Member]:
@@ -45,11 +54,55 @@ def clone_for(job: JobState, slots: list[int], survivors: list[Member], now: flo
     return actions
 
 
+def check_drain(job: JobState, slots: list[int]) -> None:
+    """Refuse (one line) a drain of a slot whose process is itself a copy: it lives in the
+    nested PID namespace of its restore, which CRIU cannot dump again."""
+    by_slot = job.by_slot()
+    copies = sorted(s for s in slots if s in by_slot and by_slot[s].role is Role.SPARE)
+    if copies:
+        raise ProtocolError(
+            f"slot(s) {copies} of this --transparent job run in a clone (a CRIU copy in a "
+            "nested PID namespace), which CRIU cannot dump again to move it; drain another rank"
+        )
+
+
+def migrations(
+    job: JobState, config: JobConfig, current: Round, now: float, actions: list[Action]
+) -> float | None:
+    """A drain at its boundary (every rank halted): move each drained worker into a copy of
+    itself. Returns when to look again, or ``None`` once every move is over (moved, or left
+    where it was after a failed dump): the plan then re-forms the same members."""
+    assert current.handover is not None
+    handover = current.handover
+    if "moves" not in handover:
+        handover["moves"] = {}
+        current.halted = now  # the stall is counted from the boundary
+        for slot, wanted in handover["requests"].items():
+            park = Park(generation=job.generation)
+            move_it = MigrateWorker(wanted["process"], int(slot), job.generation, now)
+            actions += [Send(wanted["process"], park), move_it]
+        next_step(current, RecoveryStep.HALT, now, config.halt_timeout)
+        return current.deadline
+    if len(handover["moves"]) == len(handover["requests"]):
+        return None
+    if now < current.deadline:
+        return current.deadline
+    actions += fail(
+        job, f"the migration of slot(s) {current.slots} took more than {config.halt_timeout} s"
+    )
+    return None
+
+
 def copied(job: JobState, event: Event) -> list[Action]:
-    """The agent's outcome of a :class:`CloneReplica` (see the module doc)."""
+    """The agent's outcome of a :class:`CloneReplica` or a :class:`MigrateWorker`."""
     current = job.recovery.current
-    if isinstance(event, ReplicaCloned) and current is not None:
+    if isinstance(event, ReplicaCloned | WorkerMigrated) and current is not None:
         current.copies.append(event.to_json())
-    if isinstance(event, CopyFailed) and job.local_node is not None:
+    if isinstance(event, CopyFailed) and event.kind == "clone" and job.local_node is not None:
         spare_accounted(job, job.local_node)  # no spare comes of it
+    moved = isinstance(event, WorkerMigrated) or (
+        isinstance(event, CopyFailed) and event.kind == "migrate"
+    )
+    if moved and current is not None and current.handover is not None:
+        current.handover.setdefault("moves", {})[event.process] = event.TAG  # type: ignore[attr-defined]
     return [Record(event)]
