@@ -10,14 +10,12 @@ from torchrelay.event_base import Event
 
 
 @dataclass(frozen=True, kw_only=True)
-class ReplicaCloned(Event):
-    """The node agent copied the parked ``donor`` into the new process ``process`` (a spare
-    that takes slot ``slot``). The timeline is wall time: ``ordered`` (the park was asked),
-    ``parked`` (the donor's sockets were closed), ``dumped``, ``restored`` (both released).
+class _Copied(Event):
+    """A process copied by its node agent: ``process`` (the copy's name) holds or takes slot
+    ``slot`` of ``generation``. The timeline is wall time: ``ordered`` (the park was asked),
+    ``parked`` (the original's sockets were closed), ``dumped``, ``restored`` (released).
     ``bytes``: the snapshot's size, all of it moved through the images."""
 
-    TAG: ClassVar[str] = "replica_cloned"
-    donor: str
     process: str
     slot: int
     generation: int
@@ -31,21 +29,18 @@ class ReplicaCloned(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
-class WorkerMigrated(Event):
-    """A drain moved ``process`` (slot ``slot``) into a restored copy of itself, same name and
-    identity; timeline and cost as in :class:`ReplicaCloned`."""
+class ReplicaCloned(_Copied):
+    """The parked ``donor`` was cloned into the new spare ``process``, to take slot ``slot``."""
+
+    TAG: ClassVar[str] = "replica_cloned"
+    donor: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerMigrated(_Copied):
+    """A drain moved ``process`` into a restored copy of itself: same name, same slot."""
 
     TAG: ClassVar[str] = "worker_migrated"
-    process: str
-    slot: int
-    generation: int
-    ordered: float
-    parked: float
-    dumped: float
-    restored: float
-    bytes: int
-    dump_seconds: float
-    restore_seconds: float
 
 
 @dataclass(frozen=True, kw_only=True)

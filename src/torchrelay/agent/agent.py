@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import IO, Any
 
+from torchrelay.agent import cloning
 from torchrelay.agent.resume import checkpoint_environment
 from torchrelay.agent.spawn import signal_group, spawn
 from torchrelay.config import JobConfig
@@ -266,15 +267,11 @@ class NodeAgent:
 
     def clone_replica(self, action: CloneReplica) -> Event:
         """Clone the donor of ``action`` into a new spare (see :mod:`agent.cloning`)."""
-        from torchrelay.agent.cloning import clone_replica  # it builds on this class
-
-        return clone_replica(self, action)
+        return cloning.clone_replica(self, action)
 
     def migrate_worker(self, action: MigrateWorker) -> Event:
         """Move the process of ``action`` into a copy of itself (see :mod:`agent.cloning`)."""
-        from torchrelay.agent.cloning import migrate_worker  # it builds on this class
-
-        return migrate_worker(self, action)
+        return cloning.migrate_worker(self, action)
 
     def _parked_record(self, process: str) -> cloner.Parked:
         with self._lock:

@@ -27,13 +27,17 @@ from __future__ import annotations
 
 import contextlib
 import time
+from typing import TYPE_CHECKING, Any
 
-from torchrelay.agent.agent import NodeAgent
 from torchrelay.control.actions import CloneReplica, MigrateWorker
 from torchrelay.event_base import Event
 from torchrelay.events_criu import CopyFailed, ReplicaCloned, WorkerMigrated
+from torchrelay.transparent.cloner import Clone
 from torchrelay.transparent.criu import CriuError, CriuUnavailable, RestoreFailed
 from torchrelay.transparent.park import Instruction, Kind, ParkError
+
+if TYPE_CHECKING:  # the agent calls in here with itself
+    from torchrelay.agent.agent import NodeAgent
 
 
 def clone_replica(agent: NodeAgent, action: CloneReplica) -> Event:
@@ -46,26 +50,13 @@ def clone_replica(agent: NodeAgent, action: CloneReplica) -> Event:
         if name is None:
             raise ParkError("the node agent is stopping")
         copy = agent.clone(donor, name)
-        dumped = parked + copy.dump_seconds
         agent.instruct(donor, Instruction(Kind.CONTINUE, generation))
         agent.instruct(name, become(agent, name, action))
     except (CriuError, CriuUnavailable, ParkError, OSError) as exc:
         with contextlib.suppress(ParkError, KeyError):
             agent.instruct(donor, Instruction(Kind.CONTINUE, generation))
         return CopyFailed(process=donor, kind="clone", reason=str(exc).splitlines()[0])
-    return ReplicaCloned(
-        donor=donor,
-        process=name,
-        slot=action.slot,
-        generation=generation,
-        ordered=action.ordered,
-        parked=parked,
-        dumped=dumped,
-        restored=time.time(),
-        bytes=copy.bytes,
-        dump_seconds=copy.dump_seconds,
-        restore_seconds=copy.restore_seconds,
-    )
+    return ReplicaCloned(donor=donor, process=name, **_timeline(action, copy, parked))
 
 
 def migrate_worker(agent: NodeAgent, action: MigrateWorker) -> Event:
@@ -81,18 +72,22 @@ def migrate_worker(agent: NodeAgent, action: MigrateWorker) -> Event:
             with contextlib.suppress(ParkError, KeyError):
                 agent.instruct(process, Instruction(Kind.CONTINUE, generation))
         return CopyFailed(process=process, kind="migrate", reason=str(exc).splitlines()[0])
-    return WorkerMigrated(
-        process=process,
-        slot=action.slot,
-        generation=generation,
-        ordered=action.ordered,
-        parked=parked,
-        dumped=parked + copy.dump_seconds,
-        restored=time.time(),
-        bytes=copy.bytes,
-        dump_seconds=copy.dump_seconds,
-        restore_seconds=copy.restore_seconds,
-    )
+    return WorkerMigrated(process=process, **_timeline(action, copy, parked))
+
+
+def _timeline(action: CloneReplica | MigrateWorker, copy: Clone, parked: float) -> dict[str, Any]:
+    """The fields of a copy's event that every copy has (see :class:`events_criu._Copied`)."""
+    return {
+        "slot": action.slot,
+        "generation": action.generation,
+        "ordered": action.ordered,
+        "parked": parked,
+        "dumped": parked + copy.dump_seconds,
+        "restored": time.time(),
+        "bytes": copy.bytes,
+        "dump_seconds": copy.dump_seconds,
+        "restore_seconds": copy.restore_seconds,
+    }
 
 
 def become(agent: NodeAgent, name: str, action: CloneReplica) -> Instruction:
