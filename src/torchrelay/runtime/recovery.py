@@ -63,14 +63,15 @@ class Recovery:
     _first_after_recovery: bool
     _state_valid: bool
     _retired: list[dist.ProcessGroup]
-    # Called with the slot at every generation (transparent mode re-targets the samplers).
+    # Called with a new slot (transparent mode's clone re-targets its samplers to it).
     on_slot: Callable[[int], None] | None
 
     def _bind(self, generation: int, rank: int) -> None:
         self.guard.enter_generation(generation)
+        moved = rank != self.rank
         self.generation, self.rank = generation, rank
         os.environ["RANK"] = str(rank)
-        if self.on_slot is not None:
+        if moved and self.on_slot is not None:
             self.on_slot(rank)
         store = dist.PrefixStore(f"torchrelay/g{generation}", self._store)
         if generation > 0:
