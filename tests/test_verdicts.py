@@ -153,3 +153,9 @@ def test_reasons_are_one_line_and_name_rank_step_and_cause():
     assert "rank 0 (worker0) failed after its last step (SIGKILL)" in reasons[1]
     assert reasons[2].startswith("rank(s) [0, 1] lost in step 40 (rank 0: SIGKILL, rank 1: ")
     assert "(--spares 0), so none will come" in reasons[2]
+
+
+def test_a_transparent_job_is_not_told_to_add_spares():
+    reason = no_spare_reason({1: "SIGKILL"}, 6, 0, transparent=True)
+    assert "\n" not in reason and reason.startswith("rank(s) [1] lost in step 6 (rank 1: ")
+    assert "--spares" not in reason and "could not clone a live replica" in reason

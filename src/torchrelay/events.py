@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 
 from torchrelay.chaos import ChaosEvent
 from torchrelay.event_base import Event
+from torchrelay.events_criu import CopyFailed, ReplicaCloned, WorkerMigrated
 from torchrelay.events_durable import CheckpointSaved, FallbackRestart, Progress, Resumed
 from torchrelay.events_elastic import JobGrown, JobShrunk
 from torchrelay.events_moves import (
@@ -368,6 +369,9 @@ EVENTS = registry(
     PoolRefused,
     PoolLend,
     PoolReturned,
+    ReplicaCloned,
+    WorkerMigrated,
+    CopyFailed,
     FencedRefused,
     ClaimRefused,
     WarningEvent,

@@ -23,14 +23,18 @@ import time
 from collections.abc import Callable, Iterable
 from typing import IO, Any
 
+from torchrelay.agent import cloning
 from torchrelay.agent.resume import checkpoint_environment
 from torchrelay.agent.spawn import signal_group, spawn
 from torchrelay.agent.template import ForkedProcess, SpareTemplate, TemplateUnavailable
 from torchrelay.config import JobConfig
+from torchrelay.control.actions import CloneReplica, MigrateWorker
+from torchrelay.event_base import Event
 from torchrelay.health import quarantine
 from torchrelay.health.poller import HealthPoller, node_sources
 from torchrelay.health.readings import Reading
 from torchrelay.transparent import cloner, criu
+from torchrelay.transparent.launch import worker_environment
 from torchrelay.transparent.park import Channel, Instruction, Notice
 
 ExitCallback = Callable[[str, int], None]
@@ -94,6 +98,8 @@ class NodeAgent:
             }
         )
         env.update(checkpoint_environment(self.config))
+        if self.config.transparent:
+            env.update(worker_environment(env))
         # Like torchrun: several processes per node must not each spawn a thread per core.
         env.setdefault("OMP_NUM_THREADS", "1")
         self.environment = env
@@ -113,10 +119,23 @@ class NodeAgent:
         """Start a spare on the lowest device index that no live process of this node holds
         (a spare that takes a slot keeps its own GPU; the dead worker's is freed) and that is
         neither in ``avoid`` nor quarantined in this node's run directory."""
+        name = self.new_spare_name(avoid)
+        if name is None:
+            return
+        with self._lock:
+            if self.config.spare_template and self._template is None:
+                # Its import of torch runs while the first spares would import it anyway.
+                self._template = SpareTemplate(self.log_dir / "template.log")
+                self._template.start(self.environment)
+        self._start(name, "spare", {"LOCAL_RANK": str(self._local_index[name])})
+
+    def new_spare_name(self, avoid: Iterable[int] = ()) -> str | None:
+        """Name the next spare of this node and give it its device (see :meth:`start_spare`);
+        ``None`` once the agent is stopping."""
         avoid = set(avoid) | quarantine.devices_of(self.config.run_dir, self.node)
         with self._lock:
             if self._stopping:
-                return
+                return None
             prefix = "" if self.config.node_rank == 0 else f"{self.node}-"
             name = f"{prefix}spare{self._spare_count}"
             self._spare_count += 1
@@ -127,11 +146,12 @@ class NodeAgent:
             }
             taken = held | avoid
             self._local_index[name] = next(i for i in itertools.count() if i not in taken)
-            if self.config.spare_template and self._template is None:
-                # Its import of torch runs while the first spares would import it anyway.
-                self._template = SpareTemplate(self.log_dir / "template.log")
-                self._template.start(self.environment)
-        self._start(name, "spare", {"LOCAL_RANK": str(self._local_index[name])})
+            return name
+
+    def local_rank(self, process: str) -> int:
+        """The device index (``LOCAL_RANK``) given to ``process``."""
+        with self._lock:
+            return self._local_index[process]
 
     def _start(self, process: str, role: str, extra: dict[str, str]) -> None:
         env = {
@@ -295,6 +315,14 @@ class NodeAgent:
             self._notices[process] = copy.notice
         self._adopt(process, copy.process, copy.channel)
         return copy
+
+    def clone_replica(self, action: CloneReplica) -> Event:
+        """Clone the donor of ``action`` into a new spare (see :mod:`agent.cloning`)."""
+        return cloning.clone_replica(self, action)
+
+    def migrate_worker(self, action: MigrateWorker) -> Event:
+        """Move the process of ``action`` into a copy of itself (see :mod:`agent.cloning`)."""
+        return cloning.migrate_worker(self, action)
 
     def _parked_record(self, process: str) -> cloner.Parked:
         with self._lock:

@@ -20,6 +20,8 @@ from torchrelay.control.store import StoreError, StoreSpec, open_backend, parse_
 from torchrelay.health.policy import HealthPolicy, PolicyError, load_policy
 from torchrelay.health.poller import DEFAULT_INTERVAL as DEFAULT_HEALTH_POLL
 from torchrelay.report.summary import render_text, summarize
+from torchrelay.transparent.criu import CriuUnavailable, find_criu
+from torchrelay.transparent.launch import refusal
 
 MAX_PROCESSES = 256
 """Upper bound on ``--nproc-per-node`` and on ``--spares``: each is a Python process holding a
@@ -187,6 +189,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     elastic_flags.add_run_flags(p)
     pool_flags.add_run_flags(p)
+    p.add_argument(
+        "--transparent",
+        action="store_true",
+        help="run an unmodified torchrun script (no torchrelay API): failures are cured by "
+        "voiding the step in flight and rebuilding the communicator (docs/transparent.md)",
+    )
     p.add_argument("--quiet", action="store_true", help="do not stream worker output")
     p.add_argument("script", help="the training script")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
@@ -252,7 +260,7 @@ def config_from_args(
         raise SystemExit(f"torchrelay run: {exc}") from None
     every = checkpoint_every(args, placement.run_dir is not None)
     elastic, min_nproc = elastic_flags.check_run_flags(args, world_size)
-    return JobConfig(
+    config = JobConfig(
         script=args.script,
         script_args=script_args,
         nproc_per_node=args.nproc_per_node,
@@ -280,7 +288,25 @@ def config_from_args(
         elastic=elastic,
         min_nproc=min_nproc,
         pool=pool_flags.check_run_flags(args, run_dir),
+        transparent=args.transparent,
     )
+    if config.transparent:
+        _check_transparent(config, args.resume)
+    return config
+
+
+def _check_transparent(config: JobConfig, resume: bool) -> None:
+    """``--transparent`` with options it cannot honour, or without a working CRIU (a crash
+    could not be cured): one line, exit status 2."""
+    reason = refusal(config, resume)
+    if reason is None:
+        try:
+            find_criu()
+        except CriuUnavailable as exc:
+            reason = str(exc)
+    if reason is not None:
+        print(f"torchrelay run: {reason}", file=sys.stderr)
+        raise SystemExit(2)
 
 
 def _health_poll(seconds: float | None) -> float:

@@ -34,6 +34,7 @@ from torchrelay.events import (
     Straggler,
     TrainingDone,
 )
+from torchrelay.events_criu import CopyFailed, ReplicaCloned, WorkerMigrated
 
 RECENT = 8
 """Ledger events shown under the slots."""
@@ -93,6 +94,11 @@ def describe_event(event: Event) -> str:
         JobGrown: "slot(s) {slots} regrown on {processes} (generation {generation})",
         TrainingDone: "training done: {steps_committed} steps",
         JobEnd: "job {status}: {steps_committed} steps committed",
+        ReplicaCloned: "{donor} cloned into {process} for slot {slot} (dump {dump_seconds:.2f} s, "
+        "restore {restore_seconds:.2f} s, {bytes} bytes)",
+        WorkerMigrated: "{process} moved into a copy of itself (dump {dump_seconds:.2f} s, "
+        "restore {restore_seconds:.2f} s, {bytes} bytes)",
+        CopyFailed: "{kind} of {process} failed: {reason}",
     }
     template = lines.get(type(e))
     if template is None:

@@ -80,6 +80,30 @@ class QuarantineDevice:
     reason: str
 
 
+@dataclass(frozen=True)
+class CloneReplica:
+    """Transparent mode: once ``donor`` (told to park) waits on its park channel, have the
+    controller's node agent copy it into a new spare that will take ``slot`` (see
+    :mod:`torchrelay.agent.cloning`); the outcome comes back as a ledger event."""
+
+    donor: str
+    slot: int
+    generation: int
+    ordered: float
+
+
+@dataclass(frozen=True)
+class MigrateWorker:
+    """Transparent mode: once ``process`` (told to park at a handover's boundary) waits on its
+    park channel, have the controller's node agent move it into a restored copy of itself
+    (same name and slot); the outcome comes back as a ledger event."""
+
+    process: str
+    slot: int
+    generation: int
+    ordered: float
+
+
 Action = (
     Send
     | SendToNode
@@ -90,6 +114,8 @@ Action = (
     | EndJob
     | StartRecovery
     | QuarantineDevice
+    | CloneReplica
+    | MigrateWorker
 )
 
 

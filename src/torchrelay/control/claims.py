@@ -4,8 +4,10 @@ Reports are authenticated, but the process behind one may be confused or dying, 
 claims becomes the job's record (``steps_committed``, the planner's target step). So a claim is
 acted on only if it fits the plan: every worker declares ``max_steps`` when it enters
 ``Relay.steps()`` (all must declare the same), a committed step lies in ``-1 .. max_steps - 1``,
-``done`` is claimed at the last step only, and a member's claims never go back -- except once on
-a receiver, whose state is replaced by the sources' (it may drop to the plan's target step).
+``done`` is claimed at the last step only (a transparent-mode script decides its own end: its
+workers declare :data:`OPEN_ENDED`, and claim done where the script stopped), and a member's
+claims never go back -- except once on a receiver, whose state is replaced by the sources' (it
+may drop to the plan's target step).
 
 A worker reports on two channels, which may overtake each other on the wire: its heartbeats
 (``progress``, from a thread of their own) and its training thread's reports (``halted``,
@@ -20,6 +22,8 @@ from typing import Any
 from torchrelay.control.protocol import Done, Halted, Progress, Report
 
 BEAT, MAIN = "beat", "main"
+# max_steps of a job whose script decides where it ends (``torchrelay run --transparent``).
+OPEN_ENDED = 2**53
 
 
 def claimed_step(report: Report) -> tuple[str, int] | None:
@@ -51,7 +55,7 @@ def judge_claim(kind: str, step: Any, max_steps: int | None, floor: int | None) 
             return f"claimed step {step} before any rank declared max_steps"
     elif step >= max_steps:
         return f"claimed step {step}, beyond the job's last step {max_steps - 1}"
-    elif kind == "done" and step != max_steps - 1:
+    elif kind == "done" and step != max_steps - 1 and max_steps != OPEN_ENDED:
         return f"claimed to be done at step {step}, but the job's last step is {max_steps - 1}"
     if floor is not None and step < floor:
         return f"claimed step {step} after step {floor}: steps went backwards outside a recovery"

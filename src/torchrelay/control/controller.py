@@ -28,6 +28,7 @@ from torchrelay.control import (
     membership,
     nodes,
     takeover,
+    transparent,
 )
 from torchrelay.control.actions import Action, Refused
 from torchrelay.control.coordinator import Coordinator
@@ -85,7 +86,9 @@ class Controller(Coordinator, PoolSide):
         )
         # Control requests refused before they reached the controller (counted by the server).
         self.rejections = Rejections(ledger)
-        self._executor = Executor(ledger, agent, self.rejections, self._kick_recovery, observe)
+        self._executor = Executor(
+            ledger, agent, self.rejections, self._kick_recovery, observe, self._copied
+        )
         self._cond = threading.Condition()
         self._recovery_thread: threading.Thread | None = None
         # Set once the durable state could not be written: from then on nothing is acted on
@@ -260,6 +263,11 @@ class Controller(Coordinator, PoolSide):
                 return Lease(hang_timeout=self.job.hang_timeout)
             return None
 
+    def _copied(self, event: Event) -> None:
+        """The node agent's outcome of a transparent clone (see control.transparent)."""
+        with self._transition():
+            self._apply(transparent.copied(self.job, event))
+
     def on_exit(self, process: str, returncode: int) -> None:
         """The agent saw ``process`` exit with ``returncode`` (negative: killed by a signal)."""
         with self._transition():
@@ -367,11 +375,14 @@ class Controller(Coordinator, PoolSide):
 
     def _drain(self, target: str) -> dict[str, Any]:
         """Hand the slot of process ``target``, or every slot of node ``target``, to spares
-        at a step boundary (see :mod:`torchrelay.control.handover`)."""
+        at a step boundary, or in a --transparent job move its worker into a CRIU copy (see
+        :mod:`torchrelay.control.handover`)."""
         job, now = self.job, time.time()
         slots = [m.slot for m in job.slot_members() if target in (m.node, m.process)]
         if not slots:
             raise ProtocolError(f"{target} holds no slot (processes and nodes can be drained)")
+        if self.config.transparent:  # its workers move by CRIU (see control.transparent)
+            transparent.check_drain(job, slots)  # type: ignore[arg-type]
         reason = f"drain of {target} asked by an operator"
         self._apply(handover.request(job, slots, reason, now, now))  # type: ignore[arg-type]
         return {"drain": target, "slots": slots}

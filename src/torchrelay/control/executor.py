@@ -3,12 +3,14 @@
 It owns what cannot be plain state: the outbox of every process and node agent (their watch
 streams read them), the local node agent, the ledger and the refused-request counter. Actions
 are applied in order, under the controller's lock; none of them blocks (an outbox put and a
-ledger append return at once, the agent only sends a signal or starts a process).
+ledger append return at once, the agent only sends a signal or starts a process; a transparent
+clone runs on a thread of its own and comes back through ``copied``).
 """
 
 from __future__ import annotations
 
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Protocol
@@ -16,7 +18,9 @@ from typing import Protocol
 from torchrelay.control.actions import (
     Action,
     AskPool,
+    CloneReplica,
     EndJob,
+    MigrateWorker,
     QuarantineDevice,
     Record,
     Send,
@@ -41,6 +45,14 @@ class AgentHandle(Protocol):
 
     def kill(self, process: str, signum: int = signal.SIGKILL) -> None: ...
 
+    def clone_replica(self, action: CloneReplica) -> Event:
+        """Transparent mode: carry out ``action`` (blocks); the outcome as a ledger event."""
+        ...
+
+    def migrate_worker(self, action: MigrateWorker) -> Event:
+        """Transparent mode: carry out ``action`` (blocks); the outcome as a ledger event."""
+        ...
+
 
 class Executor:
     """Applies actions; ``start_recovery`` is called for :class:`StartRecovery`, ``observe``
@@ -54,6 +66,7 @@ class Executor:
         rejections: Rejections,
         start_recovery: Callable[[], None],
         observe: Callable[[Event], None] | None = None,
+        copied: Callable[[Event], None] | None = None,
     ) -> None:
         self.ledger = ledger
         self.agent = agent
@@ -62,6 +75,7 @@ class Executor:
         self._observe = observe
         # --pool: sends a request for replacement slots (set by the launcher's pool link).
         self.ask_pool: Callable[[int], None] = _no_pool
+        self._copied = copied
         self.process_outboxes: dict[str, Outbox] = {}
         self.node_outboxes: dict[str, Outbox] = {}
 
@@ -102,8 +116,19 @@ class Executor:
                 self._start_recovery()
             elif isinstance(action, QuarantineDevice):
                 self._quarantine(action)
+            elif isinstance(action, CloneReplica | MigrateWorker):
+                # A copy takes seconds: never under the controller's lock.
+                threading.Thread(target=self._clone, args=(action,), daemon=True).start()
             else:
                 raise TypeError(f"unknown action {action!r}")
+
+    def _clone(self, action: CloneReplica | MigrateWorker) -> None:
+        if isinstance(action, CloneReplica):
+            outcome = self.agent.clone_replica(action)
+        else:
+            outcome = self.agent.migrate_worker(action)
+        if self._copied is not None:
+            self._copied(outcome)
 
     def _quarantine(self, action: QuarantineDevice) -> None:
         entry = quarantine.Quarantined(

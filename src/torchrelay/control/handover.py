@@ -28,6 +28,10 @@ A job needs a replica that stays: a handover of every slot at once is refused.
 ``--elastic`` (see :mod:`torchrelay.control.elastic`) adds two kinds of request: a *release*
 needs no spare (its slot is hosted by a survivor and its process retires; a drain waits until
 it is done) and a *grow* moves a hosted slot onto a spare (its host keeps its own slot).
+
+A ``--transparent`` job needs no spare: at the boundary each drained worker moves into a CRIU
+copy of itself (:func:`torchrelay.control.transparent.migrations`), and the plan re-forms the
+same members; nobody retires.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from typing import Any
 
 from torchrelay import events
 from torchrelay.config import JobConfig
-from torchrelay.control import elastic
+from torchrelay.control import elastic, transparent
 from torchrelay.control.actions import Action, Record, Send, StartRecovery
 from torchrelay.control.endings import fail, finish_if_all_done
 from torchrelay.control.errors import ProtocolError
@@ -121,7 +125,7 @@ def begin(job: JobState, config: JobConfig, now: float) -> tuple[list[Action], f
     problem = None
     if job.max_steps is not None and boundary >= job.max_steps - 1:
         problem = "the job ends before a step boundary could be planned"
-    elif needed and len(ready_spares(job)) < needed:
+    elif needed and len(ready_spares(job)) < needed and not config.transparent:  # moves
         if none_will_come(job, needed):
             problem = f"no spare for slot(s) {sorted(requests)} (run with --spares >= {needed})"
         else:
@@ -176,7 +180,11 @@ def _await_boundary(
     survivors = [job.members[p] for p in current.survivors]
     running = [m for m in survivors if m.state is not MemberState.HALTED]
     if not running:
-        current.halted = now
+        if config.transparent:  # the drained workers move first (see control.transparent)
+            wake = transparent.migrations(job, config, current, now, actions)
+            if wake is not None or job.finished:
+                return wake
+        current.halted = current.halted or now
         actions += _plan(job, config, current, now, survivors)
         return None
     if now < current.deadline:
@@ -210,6 +218,8 @@ def _plan(
     if not any(elastic.needs_spare(r) for r in requests.values()):
         return elastic.publish_release(job, config, current, now, survivors)
     moving = {slot: r["process"] for slot, r in requests.items()}
+    if config.transparent:  # they moved with their state and frames: every member stays
+        moving = {}
     staying = [m for m in survivors if m.slot not in moving]
     replaced = {slot: job.members[process].node for slot, process in moving.items()}
     actions = publish_plan(job, config, current, now, replaced, staying)
@@ -260,7 +270,8 @@ def _await_done(
         lost_steps=plan.lost_steps,
         bytes_transferred=sum(
             int(v.get("bytes", 0)) for s, v in transfers.items() if s in plan.receivers
-        ),
+        )
+        + sum(int(c["bytes"]) for c in current.copies),  # transparent mode's moves
     )
     actions.append(Record(done))
     job.recovery.current = None

@@ -240,6 +240,16 @@ class Retire(Message):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Park(Message):
+    """Transparent mode: at this step boundary (halted in ``generation``), drop every socket
+    and wait on the park channel to be copied by the node agent (see
+    :mod:`torchrelay.runtime.parking`); then reconnect and go on waiting for the plan."""
+
+    TAG: ClassVar[str] = "park"
+    generation: int = at_least(0, GENERATION)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Finish(Message):
     """The job is over (on a worker's stream and on a node agent's)."""
 
@@ -349,7 +359,7 @@ REPORTS = registry(
     MaxSteps, Progress, Ready, Halted, PhaseDone, Done, ErrorReport, ChaosFired, WarningReport
 )
 NODE_REPORTS = registry(NodeHeartbeat, NodeExit, HealthReport, ChaosNotice)
-MESSAGES = registry(Abort, Plan, Handover, Retire, Finish)
+MESSAGES = registry(Abort, Plan, Handover, Retire, Park, Finish)
 COMMANDS = registry(StartSpare, Signal, Chaos, FinishNode)
 
 

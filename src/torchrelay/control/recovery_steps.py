@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 from torchrelay import events
 from torchrelay.config import JobConfig
-from torchrelay.control import elastic, handover
+from torchrelay.control import elastic, handover, transparent
 from torchrelay.control.actions import Action, Record, Send
 from torchrelay.control.endings import fail, finish_if_all_done
 from torchrelay.control.nodes import signal as signal_process
@@ -110,6 +110,8 @@ def _start(job: JobState, config: JobConfig, now: float) -> list[Action]:
         generation=job.generation, slots=tuple(current.slots), t=current.detected
     )
     actions.append(Record(started))
+    if config.transparent:  # no spare: clone a live replica (see control.transparent)
+        return actions + transparent.clone_for(job, current.slots, survivors, now)
     return actions + top_up(job, config, len(failures))
 
 
@@ -186,7 +188,7 @@ def _abandon(
         return current.deadline
     step = job.highest_committed + 1
     causes = {slot: str(job.recovery.failed[slot]["cause"]) for slot in current.slots}
-    reason = no_spare_reason(causes, step, config.spares)
+    reason = no_spare_reason(causes, step, config.spares, config.transparent)
     refusal = _shrink_refusal(job, config, current) if config.elastic else None
     reason += "" if refusal is None else f"; {refusal}"
     abandoned = events.RecoveryAbandoned(slots=tuple(current.slots), step=step, reason=reason)
@@ -248,6 +250,7 @@ def _recovery_done(job: JobState, current: Round) -> Action:
 
     transfers = current.phases.get("transfer_done", {})
     received = sum(int(v.get("bytes", 0)) for s, v in transfers.items() if s in plan.receivers)
+    received += sum(int(c["bytes"]) for c in current.copies)  # transparent mode's clones
     timeline = {
         "detected": current.detected,
         "spare_ready": current.spare_ready,
@@ -257,6 +260,9 @@ def _recovery_done(job: JobState, current: Round) -> Action:
         "transfer_done": latest("transfer_done"),
         "first_step": latest("first_step"),
     }
+    if current.copies:  # transparent mode's clones
+        for phase in ("parked", "dumped", "restored"):
+            timeline[phase] = max(float(c[phase]) for c in current.copies)
     last_commits = {
         slot: job.members[process].last_commit_t
         for slot, process in plan.assignments.items()

@@ -197,6 +197,8 @@ class Round:
     # No spare can come and the job is --elastic: survivors host the failed slots
     # (see control.elastic) instead of the job stopping.
     shrink: bool = False
+    # Transparent mode: the copies made for this round (replica_cloned events, as dicts).
+    copies: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def deadline(self) -> float:

@@ -172,13 +172,20 @@ def missing_spares(needed: int, ready: int, starting: int, launching: int) -> bo
     return ready + starting + launching < needed
 
 
-def no_spare_reason(causes: dict[int, str], step: int, spares: int) -> str:
+def no_spare_reason(
+    causes: dict[int, str], step: int, spares: int, transparent: bool = False
+) -> str:
     """Why a recovery of the slots in ``causes`` (slot -> cause) was given up in ``step``."""
     named = ", ".join(f"rank {slot}: {cause}" for slot, cause in sorted(causes.items()))
+    lost = f"rank(s) {sorted(causes)} lost in step {step} ({named})"
+    if transparent:  # it keeps no spare: a live replica is cloned (docs/transparent.md)
+        return (
+            f"{lost}; --transparent could not clone a live replica into their place (no "
+            "survivor on the controller's node, or the copy failed: see the ledger's copy_failed)"
+        )
     return (
-        f"rank(s) {sorted(causes)} lost in step {step} ({named}) and no spare can replace "
-        f"them: none is ready, starting or being launched (--spares {spares}), so none will "
-        "come; run with --spares 1 or more"
+        f"{lost} and no spare can replace them: none is ready, starting or being launched "
+        f"(--spares {spares}), so none will come; run with --spares 1 or more"
     )
 
 

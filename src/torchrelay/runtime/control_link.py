@@ -59,6 +59,9 @@ class ControlLink:
     _waiting: Report | None
     _waiting_lock: threading.RLock
     _handover_at: tuple[int, int] | None
+    _unparked: threading.Event  # cleared while transparent mode's park closed the connection
+    _watch_paused: threading.Event
+    _beating: threading.Lock
 
     def _send(self, report: Report) -> dict[str, Any]:
         """Send ``report`` from this process's generation."""
@@ -88,20 +91,27 @@ class ControlLink:
         self._send(WarningReport(step=self.committed, message=line, what=what, objects=objects))
 
     def _watch(self) -> None:
-        try:
-            for message in self._client.watch():
-                if isinstance(message, Abort):
-                    self.guard.abort(message.generation)
-                    self.process_group.abort(message.generation)
-                if isinstance(message, Handover):
-                    self._handover_at = (message.generation, message.step)
-                    continue  # read by the training thread at its next step boundary
-                self._inbox.put(message)
-        except ControlError as exc:
-            if not self._closing.is_set():
-                _die_on_control_error(exc)
-        except ProtocolError as exc:  # a controller of another version: nothing to follow
-            _leave(EXIT_CONTROLLER_LOST, f"cannot read the controller's message: {exc}")
+        while True:
+            try:
+                for message in self._client.watch():
+                    if isinstance(message, Abort):
+                        self.guard.abort(message.generation)
+                        self.process_group.abort(message.generation)
+                    if isinstance(message, Handover):
+                        self._handover_at = (message.generation, message.step)
+                        continue  # read by the training thread at its next step boundary
+                    self._inbox.put(message)
+                return
+            except ControlError as exc:
+                if not self._unparked.is_set():  # parked: the stream was closed on purpose
+                    self._watch_paused.set()
+                    self._unparked.wait()
+                    continue  # on the new connection
+                if not self._closing.is_set():
+                    _die_on_control_error(exc)
+                return
+            except ProtocolError as exc:  # a controller of another version: nothing to follow
+                _leave(EXIT_CONTROLLER_LOST, f"cannot read the controller's message: {exc}")
 
     def _heartbeat(self) -> None:
         """Sign of life and progress, off the training thread (never on the critical path).
@@ -120,8 +130,12 @@ class ControlLink:
                 busy=self._busy,
                 **self.timer.medians(),
             )
-            reply = self._client.send(beat, timeout=HEARTBEAT_RPC_TIMEOUT)
-            return LEASE_FACTOR * Lease.from_wire(reply).hang_timeout
+            while True:  # a parked process has no connection: it beats once reconnected
+                self._unparked.wait()
+                with self._beating:
+                    if self._unparked.is_set():
+                        reply = self._client.send(beat, timeout=HEARTBEAT_RPC_TIMEOUT)
+                        return LEASE_FACTOR * Lease.from_wire(reply).hang_timeout
 
         def expired(silence: float, lease: float, error: ControlError) -> None:
             # Whatever the error (DEADLINE_EXCEEDED from a server that is gone, a cut link):

@@ -70,6 +70,12 @@ def install(group: StableProcessGroup, store: dist.Store) -> None:
             module.init_process_group = _ignored_when_relayed(module.init_process_group)
 
 
+def set_store(group: StableProcessGroup, store: dist.Store | None) -> None:
+    """Replace the store c10d's world keeps for the default group (transparent mode drops it
+    while the process is copied: it holds a socket)."""
+    c10d._world.pg_map[group] = (BACKEND, store)  # type: ignore[assignment]
+
+
 def _ignored_when_relayed(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def init_process_group(*args: Any, **kwargs: Any) -> Any:

@@ -108,6 +108,12 @@ class StableProcessGroup(dist.ProcessGroup):
             abort_group(previous)
         return previous
 
+    def unbind(self) -> None:
+        """Drop the communicator (transparent mode's park: no socket may stay open); the next
+        :meth:`bind` gives a new one."""
+        with self._bind_lock:
+            self._inner, self._inner_aborted = None, False
+
     def abort(self, generation: int) -> None:
         """The controller aborted ``generation``: release its communicator's pending work
         (a NCCL kernel waiting for a dead peer would otherwise hold the GPU)."""

@@ -31,6 +31,7 @@ from torchrelay.control.protocol import (
     Finish,
     Halted,
     Message,
+    Park,
     PhaseDone,
     Plan,
     Progress,
@@ -80,6 +81,8 @@ class Recovery:
     _layout_shared: int
     _sums: ChunkSums | None
     _current_step: int | None
+    # Called with a new slot (transparent mode's clone re-targets its samplers to it).
+    on_slot: Callable[[int], None] | None
 
     def _bind(
         self,
@@ -94,9 +97,12 @@ class Recovery:
         members = tuple(range(self.world_size)) if members is None else members
         hosted = {} if hosted is None else hosted
         self.guard.enter_generation(generation)
+        moved = rank != self.rank
         self.generation, self.rank = generation, rank
         self.hosted = tuple(sorted(v for v, host in hosted.items() if host == rank))
         os.environ["RANK"] = str(rank)
+        if moved and self.on_slot is not None:
+            self.on_slot(rank)
         store = dist.PrefixStore(f"torchrelay/g{generation}", self._store)
         if generation > 0:
             # Gloo's own rendezvous cannot be interrupted; meet on store keys first, so that a
@@ -274,7 +280,9 @@ class Recovery:
                 if idle is not None and idle():
                     idle = None
                 continue
-            if isinstance(message, kinds):
+            if isinstance(message, Park):
+                self._park()  # type: ignore[attr-defined]  # transparent mode (runtime.parking)
+            elif isinstance(message, kinds):
                 return message
 
     def _apply_plan(self, plan: Plan) -> None:

@@ -55,6 +55,7 @@ from torchrelay.runtime.devices import select_device
 from torchrelay.runtime.env import RelayEnv
 from torchrelay.runtime.facade import StableProcessGroup
 from torchrelay.runtime.guard import StepGuard, guard_optimizer
+from torchrelay.runtime.parking import Parking
 from torchrelay.runtime.recovery import Recovery
 from torchrelay.runtime.replicas import AgreementCheck, LocalMirror, describe
 from torchrelay.runtime.rng import SETUP_STEP, seed_all
@@ -64,7 +65,7 @@ from torchrelay.transfer.buffers import Prefault
 from torchrelay.transfer.sums import ChunkSums
 
 
-class Relay(ControlLink, Recovery, ChaosInjection):
+class Relay(ControlLink, Recovery, ChaosInjection, Parking):
     """One process's membership in a torchrelay job. Create it with :func:`init`."""
 
     def __init__(self, env: RelayEnv, client: ControlClient, joined: JoinAnswer, seed: int) -> None:
@@ -104,6 +105,11 @@ class Relay(ControlLink, Recovery, ChaosInjection):
         self._prefault: Prefault | None = None  # a spare's receive buffers, being prepared
         self._layout_shared = -1  # the last generation whose state layout this rank published
         self._sums: ChunkSums | None = None  # checksums of this rank's state, since its halt
+        self.on_slot: Callable[[int], None] | None = None
+        self._unparked = threading.Event()
+        self._unparked.set()
+        self._watch_paused = threading.Event()
+        self._beating = threading.Lock()
         self.timer = StepTimer()
         self.checkpoints = Checkpointer.from_environ(
             env.world_size,

@@ -1,0 +1,174 @@
+"""``torchrelay run --transparent`` on ordinary torchrun scripts (tests/scripts/plain_trainer.py
+and torchrun_ddp.py, not written for torchrelay): real jobs, compared bit for bit with the same
+script under torchrun.
+
+The failure is a communicator that silently stops delivering in the middle of a step (``drop``
+chaos): every rank is blocked in the step's gradient all-reduce, the controller aborts the
+generation, each rank voids the step (its optimizer, scheduler, RNG, sampler position), the
+communicator is rebuilt, and the script's own loop runs the same batch again.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.etcd import free_port
+from tests.jobs import SCRIPTS, JobResult, assert_bitwise_equal, await_event, cli
+from tests.snapshots import require_criu
+
+# 96 samples, 2 ranks, batches of 4: 12 batches per epoch, 3 epochs.
+PLAIN = ("plain_trainer.py",)
+PER_EPOCH = 12
+# Long enough (2400 steps of a few ms) for a drain asked after a recovery to find a boundary.
+EPOCHS = 200
+
+pytestmark = pytest.mark.slow
+
+Weights = dict[str, torch.Tensor]
+
+
+@pytest.fixture(scope="module")
+def torchrun(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Weights]:
+    """The final weights of a script under torchrun (2 ranks), once per script and arguments."""
+    done: dict[tuple[str, ...], Weights] = {}
+
+    def weights(script: str, *args: str) -> Weights:
+        if (script, *args) not in done:
+            out = tmp_path_factory.mktemp("torchrun") / "final.pt"
+            command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+            command += ["--master-port", str(free_port()), str(SCRIPTS / script), *args]
+            run = subprocess.run(
+                [*command, "--out", str(out)], capture_output=True, text=True, timeout=300
+            )
+            assert run.returncode == 0, run.stdout + run.stderr
+            done[(script, *args)] = torch.load(out, weights_only=True)
+        return done[(script, *args)]
+
+    return weights
+
+
+def transparent_job(run_dir: Path, script: str, *args: str, chaos: str = "") -> JobResult:
+    require_criu()  # --transparent refuses to start without it
+    command = [sys.executable, "-m", "torchrelay.cli.main", "run", "--transparent"]
+    command += ["--nproc-per-node", "2", "--spares", "0", "--run-dir", str(run_dir)]
+    command += [f"--chaos={chaos}"] * bool(chaos)
+    command += [str(SCRIPTS / script), *args, "--out", str(run_dir / "final.pt")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    return JobResult(done.returncode, done.stdout + done.stderr, run_dir)
+
+
+def test_unmodified_script_runs_as_under_torchrun(tmp_path, torchrun) -> None:
+    snapshot = tmp_path / "snapshot.pt"
+    job = transparent_job(tmp_path / "run", *PLAIN, "--snapshot", str(snapshot))
+    assert job.returncode == 0, job.output
+    assert job.summary()["steps_committed"] == 3 * PER_EPOCH
+    assert snapshot.is_file()  # the script's own snapshot file
+    assert_bitwise_equal(job.weights(), torchrun(*PLAIN), job)
+
+
+@pytest.mark.parametrize(
+    ("script", "step", "reference"),
+    [
+        (PLAIN, PER_EPOCH + 5, PLAIN),  # mid-epoch
+        # an epoch's first batch: the step made a new DataLoader iterator
+        (PLAIN, PER_EPOCH, PLAIN),
+        ((*PLAIN, "--accumulate", "2"), PER_EPOCH // 2 + 3, (*PLAIN, "--accumulate", "2")),
+        # A loop counted by range(12), random data drawn in it: the voided step used up one
+        # iteration of the script's counter, so the job equals a failure-free run of 11 steps.
+        (("torchrun_ddp.py", "--steps", "12"), 7, ("torchrun_ddp.py", "--steps", "11")),
+    ],
+    ids=["mid-epoch", "epoch-start", "accumulation", "counted-loop"],
+)
+def test_a_step_cut_in_its_all_reduce_is_voided_and_redone(
+    tmp_path, torchrun, script, step, reference
+):
+    job = transparent_job(tmp_path / "run", *script, chaos=f"drop:rank=1:step={step}")
+    assert job.returncode == 0, job.output
+    assert f"step {step} voided" in job.output
+    summary = job.summary()
+    assert [f["lost_steps"] for f in summary["failures"]] == [0]
+    assert [f["recomputed_steps"] for f in summary["failures"]] == [1]
+    assert_bitwise_equal(job.weights(), torchrun(*reference), job)
+
+
+def job_processes(run_dir: Path) -> list[int]:
+    """Pids of live processes of the job in ``run_dir``: its environment names it (workers,
+    clones) or its command line does (an nsinit restores images from under it)."""
+    mark = f"TORCHRELAY_RUN_DIR={run_dir}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                environ = (entry / "environ").read_bytes().split(b"\0")
+                command = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue  # gone meanwhile, or not ours
+            if mark in environ or str(run_dir).encode() in command:
+                found.append(int(entry.name))
+    return found
+
+
+def test_a_killed_worker_is_cloned_and_a_drained_one_migrated(tmp_path, torchrun) -> None:
+    """The issue's check: rank 1 SIGKILLed mid-epoch is rebuilt from a clone of rank 0; rank 0
+    is then drained and moves into a copy of itself; the job equals torchrun's."""
+    require_criu()
+    run_dir, script = tmp_path / "run", (*PLAIN, "--epochs", str(EPOCHS))
+    step = PER_EPOCH + 5
+    command = [sys.executable, "-m", "torchrelay.cli.main", "run", "--transparent"]
+    command += ["--nproc-per-node", "2", "--spares", "0", "--run-dir", str(run_dir)]
+    command += [f"--chaos=kill:rank=1:step={step}", str(SCRIPTS / script[0]), *script[1:]]
+    command += ["--out", str(run_dir / "final.pt")]
+    with (tmp_path / "output").open("w+") as output:
+        job = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, text=True)
+        try:
+            await_event(run_dir, "recovery_done", timeout=240)
+            drained = cli("drain", "--run-dir", str(run_dir), "--rank", "0")
+            assert drained.returncode == 0, drained.stderr
+            job.wait(timeout=300)
+        finally:
+            if job.poll() is None:
+                job.kill()
+                job.wait()
+        output.seek(0)
+        result = JobResult(job.returncode, output.read(), run_dir)
+    assert result.returncode == 0, result.output
+    assert f"step {step} voided" in result.output
+    ledger = result.ledger()
+    [cloned] = [e for e in ledger if e["event"] == "replica_cloned"]
+    assert (cloned["donor"], cloned["slot"]) == ("worker0", 1)
+    assert cloned["ordered"] <= cloned["parked"] <= cloned["dumped"] <= cloned["restored"]
+    [recovered] = [e for e in ledger if e["event"] == "recovery_done"]
+    assert (recovered["lost_steps"], recovered["recomputed_steps"]) == (0, 1)
+    assert recovered["bytes_transferred"] >= cloned["bytes"] > 10**7  # a whole process image
+    assert recovered["timeline"]["restored"] == cloned["restored"]
+    [migrated] = [e for e in ledger if e["event"] == "worker_migrated"]
+    assert (migrated["process"], migrated["slot"]) == ("worker0", 0)
+    [handed] = [e for e in ledger if e["event"] == "handover_done"]
+    assert (handed["lost_steps"], handed["recomputed_steps"], handed["retired"]) == (0, 0, [])
+    assert handed["bytes_transferred"] >= migrated["bytes"] > 10**7
+    assert result.summary()["steps_committed"] == EPOCHS * PER_EPOCH
+    assert_bitwise_equal(result.weights(), torchrun(*script), result)
+    assert job_processes(run_dir) == []  # no clone, no nsinit left behind
+
+
+def test_a_loader_with_worker_processes_is_refused_in_one_line(tmp_path) -> None:
+    script = tmp_path / "prefetching.py"
+    script.write_text(
+        "import torch, torch.distributed as dist\n"
+        "from torch.utils.data import DataLoader, DistributedSampler, TensorDataset\n"
+        'dist.init_process_group("gloo")\n'
+        "data = TensorDataset(torch.randn(16, 2))\n"
+        "loader = DataLoader(data, batch_size=2, sampler=DistributedSampler(data), num_workers=2)\n"
+        "for batch in loader:\n"
+        "    pass\n"
+    )
+    job = transparent_job(tmp_path / "run", str(script))
+    assert job.returncode == 1
+    assert "Traceback" not in job.output
+    assert "a DataLoader with num_workers > 0 fetches batches ahead" in job.output
