@@ -226,7 +226,7 @@ def _plan(
     if job.finished:
         return actions
     # A regrown slot's old holder hosted it: it keeps its own slot.
-    leaving = [moving[s] for s, r in requests.items() if r.get("kind") != elastic.GROW]
+    leaving = [moving[s] for s in moving if requests[s].get("kind") != elastic.GROW]
     for process in leaving:
         move(job.members[process], MemberState.RETIRED)
         actions.append(Send(process, Retire()))
