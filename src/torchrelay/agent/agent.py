@@ -23,24 +23,21 @@ import time
 from collections.abc import Callable, Iterable
 from typing import IO, Any
 
-from torchrelay.agent import cloning
+from torchrelay.agent.copying import Copying
 from torchrelay.agent.resume import checkpoint_environment
 from torchrelay.agent.spawn import signal_group, spawn
 from torchrelay.agent.template import ForkedProcess, SpareTemplate, TemplateUnavailable
 from torchrelay.config import JobConfig
-from torchrelay.control.actions import CloneReplica, MigrateWorker
-from torchrelay.event_base import Event
 from torchrelay.health import quarantine
 from torchrelay.health.poller import HealthPoller, node_sources
 from torchrelay.health.readings import Reading
-from torchrelay.transparent import cloner, criu
 from torchrelay.transparent.launch import worker_environment
-from torchrelay.transparent.park import Channel, Instruction, Notice
+from torchrelay.transparent.park import Channel, Notice
 
 ExitCallback = Callable[[str, int], None]
 
 
-class NodeAgent:
+class NodeAgent(Copying):
     """Owns the processes of one node; thread-safe."""
 
     def __init__(
@@ -267,74 +264,6 @@ class NodeAgent:
                             # `torchrelay run | head`: the reader left. Keep draining the pipe
                             # into the log, or the worker would block on a full pipe.
                             self._stdout_closed = True
-
-    # ------------------------------------------------------------------ transparent mode
-    def parked(self, process: str) -> Notice:
-        """Block until ``process`` parks at a step boundary (transparent mode); raise
-        :class:`~torchrelay.transparent.park.ParkError` if it exits first."""
-        notice = self._parks[process].wait_parked(self._token())
-        with self._lock:
-            self._notices[process] = notice
-        return notice
-
-    def instruct(self, process: str, instruction: Instruction) -> None:
-        """Release the parked ``process`` with ``instruction`` (it answers its last park)."""
-        with self._lock:
-            channel, notice = self._parks[process], self._notices.pop(process)
-        channel.instruct(notice, instruction, self._token())
-
-    def clone(self, donor: str, process: str) -> cloner.Clone:
-        """Copy the parked ``donor`` into a new job process named ``process``, parked too:
-        supervised, logged and prefixed like any other; release both with :meth:`instruct`.
-        CRIU errors propagate with the donor untouched (still parked)."""
-        copy = cloner.clone(self._parked_record(donor), self.config.run_dir)
-        with self._lock:
-            self._notices[process] = copy.notice
-        self._adopt(process, copy.process, copy.channel)
-        return copy
-
-    def migrate(self, process: str) -> cloner.Migrated:
-        """Move the parked ``process`` into a restored copy of itself, under the same name:
-        the original's death is the move, not a failure. A failed dump leaves it parked; a
-        failed restore reports its death like any other exit, then raises."""
-        parked = self._parked_record(process)
-        with self._lock:
-            original = self._procs[process]
-            # Its supervisor skips the exit of this Popen (see _supervise); kept afterwards.
-            self._moving[process] = original
-        try:
-            copy = cloner.migrate(parked, self.config.run_dir)
-        except criu.RestoreFailed:
-            self._on_exit(process, original.wait())  # it died with the dump
-            raise
-        except BaseException:
-            with self._lock:  # no dump: alive and parked, its exit is its own again
-                del self._moving[process]
-            raise
-        with self._lock:
-            self._notices[process] = copy.notice
-        self._adopt(process, copy.process, copy.channel)
-        return copy
-
-    def clone_replica(self, action: CloneReplica) -> Event:
-        """Clone the donor of ``action`` into a new spare (see :mod:`agent.cloning`)."""
-        return cloning.clone_replica(self, action)
-
-    def migrate_worker(self, action: MigrateWorker) -> Event:
-        """Move the process of ``action`` into a copy of itself (see :mod:`agent.cloning`)."""
-        return cloning.migrate_worker(self, action)
-
-    def _parked_record(self, process: str) -> cloner.Parked:
-        with self._lock:
-            proc, channel, notice = (
-                self._procs[process],
-                self._parks[process],
-                self._notices[process],
-            )
-        return cloner.Parked(proc.pid, channel, notice)
-
-    def _token(self) -> str:
-        return self.environment["TORCHRELAY_TOKEN"]
 
     # ------------------------------------------------------------------ fence / stop
     def pid(self, process: str) -> int | None:
