@@ -65,7 +65,7 @@ def test_an_unmodified_torchrun_script_is_stopped_with_what_to_change(tmp_path):
     assert job.returncode == 1, job.output
     reason = _end(job)["reason"]
     assert "unmodified torchrun script" in reason and "needs torchrelay.init()" in reason
-    assert "planned, not yet available" in reason and "\n" not in reason
+    assert "torchrelay run --transparent" in reason and "\n" not in reason
     # Whichever dies first ends the job: rank 0 (the store's port is taken), a rank waiting in
     # its own rendezvous, or the spare (no RANK): each exited without joining.
     ledger = job.ledger()

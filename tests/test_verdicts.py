@@ -77,7 +77,7 @@ def test_a_spare_killed_before_joining_is_no_verdict_on_the_script():
 def test_an_unmodified_torchrun_script_is_recognised_from_its_output(process):
     reason = never_joined(process, 1, TORCHRUN_OUTPUT)
     assert reason is not None and "unmodified torchrun script" in reason
-    assert "needs torchrelay.init()" in reason and "planned, not yet available" in reason
+    assert "needs torchrelay.init()" in reason and "torchrelay run --transparent" in reason
     spare = "environment variable RANK expected, but not set (env:// rendezvous)"
     assert "unmodified torchrun" in (never_joined("spare0", 1, spare) or "")
 

@@ -32,8 +32,8 @@ TAIL_LINES = 40
 _TORCHRUN_MARKS = ("init_process_group", "EADDRINUSE", "env:// rendezvous")
 TRANSPARENT_MODE_NOTE = (
     "torchrelay run runs scripts in model-aware mode, which needs torchrelay.init() (and "
-    "relay.process_group for DDP) instead of dist.init_process_group(); a transparent mode for "
-    "unmodified torchrun scripts is planned, not yet available"
+    "relay.process_group for DDP) instead of dist.init_process_group(); run an unmodified "
+    "torchrun script with torchrelay run --transparent --spares 0 (docs/transparent.md)"
 )
 
 
