@@ -103,6 +103,10 @@ class NodeAgent(Copying):
 
     # ------------------------------------------------------------------ start
     def start_workers(self) -> None:
+        if self.config.pool is not None or self.config.elastic:
+            # Its first spare comes only after a failure (a borrowed slot, a regrow): the
+            # template imports torch now, so that spare is a fork, not a cold start.
+            self._ensure_template()
         first = self.config.node_rank * self.config.nproc_per_node
         for local_rank in range(self.config.nproc_per_node):
             rank = first + local_rank
@@ -119,12 +123,15 @@ class NodeAgent(Copying):
         name = self.new_spare_name(avoid)
         if name is None:
             return
+        self._ensure_template()
+        self._start(name, "spare", {"LOCAL_RANK": str(self._local_index[name])})
+
+    def _ensure_template(self) -> None:
+        """Start this node's spare template, once (``--no-spare-template``: never)."""
         with self._lock:
             if self.config.spare_template and self._template is None:
-                # Its import of torch runs while the first spares would import it anyway.
                 self._template = SpareTemplate(self.log_dir / "template.log")
                 self._template.start(self.environment)
-        self._start(name, "spare", {"LOCAL_RANK": str(self._local_index[name])})
 
     def new_spare_name(self, avoid: Iterable[int] = ()) -> str | None:
         """Name the next spare of this node and give it its device (see :meth:`start_spare`);

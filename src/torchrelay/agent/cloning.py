@@ -34,6 +34,7 @@ from torchrelay.event_base import Event
 from torchrelay.events_criu import CopyFailed, ReplicaCloned, WorkerMigrated
 from torchrelay.transparent.cloner import Clone
 from torchrelay.transparent.criu import CriuError, CriuUnavailable, RestoreFailed
+from torchrelay.transparent.cuda import DeviceStateError, DeviceStateUnavailable
 from torchrelay.transparent.park import Instruction, Kind, ParkError
 
 if TYPE_CHECKING:  # the agent calls in here with itself
@@ -52,7 +53,14 @@ def clone_replica(agent: NodeAgent, action: CloneReplica) -> Event:
         copy = agent.clone(donor, name)
         agent.instruct(donor, Instruction(Kind.CONTINUE, generation))
         agent.instruct(name, become(agent, name, action))
-    except (CriuError, CriuUnavailable, ParkError, OSError) as exc:
+    except (
+        CriuError,
+        CriuUnavailable,
+        DeviceStateError,
+        DeviceStateUnavailable,
+        ParkError,
+        OSError,
+    ) as exc:
         with contextlib.suppress(ParkError, KeyError):
             agent.instruct(donor, Instruction(Kind.CONTINUE, generation))
         return CopyFailed(process=donor, kind="clone", reason=str(exc).splitlines()[0])
@@ -67,7 +75,14 @@ def migrate_worker(agent: NodeAgent, action: MigrateWorker) -> Event:
         parked = time.time()
         copy = agent.migrate(process)
         agent.instruct(process, Instruction(Kind.CONTINUE, generation))
-    except (CriuError, CriuUnavailable, ParkError, OSError) as exc:
+    except (
+        CriuError,
+        CriuUnavailable,
+        DeviceStateError,
+        DeviceStateUnavailable,
+        ParkError,
+        OSError,
+    ) as exc:
         if not isinstance(exc, RestoreFailed):  # alive and parked: it goes on where it is
             with contextlib.suppress(ParkError, KeyError):
                 agent.instruct(process, Instruction(Kind.CONTINUE, generation))

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from torchrelay.transparent import criu
+from torchrelay.transparent import criu, cuda
 from torchrelay.transparent.park import Channel, Notice
 
 
@@ -63,8 +63,10 @@ def clone(donor: Parked, run_dir: Path) -> Clone:
     """Copy the parked ``donor`` into a new process; the donor stays parked.
 
     Raises :class:`criu.CriuUnavailable` or :class:`criu.CriuError` (the donor is untouched
-    then, still parked: answer it ``CONTINUE``).
+    then, still parked: answer it ``CONTINUE``), and :class:`cuda.DeviceStateUnavailable` for a
+    CUDA worker (see :func:`cuda.refuse_clone`).
     """
+    cuda.refuse_clone(donor.pid)
     return _copy(donor, run_dir, leave_running=True)
 
 
@@ -73,7 +75,9 @@ def migrate(worker: Parked, run_dir: Path) -> Migrated:
 
     The caller must expect the original's death (SIGKILL) before calling. A failed dump
     (:class:`criu.DumpFailed`) leaves the worker alive and parked; a failed restore
-    (:class:`criu.RestoreFailed`) leaves it dead.
+    (:class:`criu.RestoreFailed`) leaves it dead. A CUDA worker's device state goes through
+    host memory (:mod:`cuda`): :class:`cuda.DeviceStateUnavailable` or
+    :class:`cuda.DeviceStateError` before the dump leave it alive, on its GPU.
     """
     return _copy(worker, run_dir, leave_running=False)
 
@@ -88,8 +92,19 @@ def _copy(parked: Parked, run_dir: Path, *, leave_running: bool) -> Clone:
     # Only pipes are outside resources to replace (files are reopened by path); stdout and
     # stderr share one pipe (the agent merges them): it becomes fd 1, the restore's stdout.
     inherit = {name: replace.get(fd, 1) for fd, name in names.items() if name.startswith("pipe:")}
+    device_tool: str | None = None
     try:
-        stats = criu.dump(parked.pid, images, leave_running=leave_running, criu=tool)
+        device_tool = cuda.tool_for(parked.pid)  # None: no CUDA state to move
+        if device_tool is not None:
+            cuda.suspend(device_tool, parked.pid)  # unlocks it again if it fails
+        try:
+            stats = criu.dump(parked.pid, images, leave_running=leave_running, criu=tool)
+        except BaseException:
+            if device_tool is not None:  # CRIU let it run on: back onto its GPU
+                cuda.resume(device_tool, parked.pid)
+            raise
+        if device_tool is not None and leave_running:  # the donor goes on
+            cuda.resume(device_tool, parked.pid)
         restored = criu.restore(
             images,
             fresh_pid_namespace=True,
@@ -104,6 +119,14 @@ def _copy(parked: Parked, run_dir: Path, *, leave_running: bool) -> Clone:
     finally:
         channel.close_child_ends()
         shutil.rmtree(images, ignore_errors=True)  # hundreds of MB: never left behind
+    if device_tool is not None:
+        try:
+            cuda.resume(device_tool, restored.pid)
+        except cuda.DeviceStateError as exc:  # a copy that cannot get its GPU back is no copy
+            restored.process.kill()
+            restored.process.wait()
+            channel.close()
+            raise criu.RestoreFailed(str(exc), restored.log) from None
     for log in (stats.log, restored.log):
         log.unlink(missing_ok=True)
     return Clone(
