@@ -1,0 +1,104 @@
+"""``python -m bench.transparent``: the steady-state cost of the transparent hook (issue 16).
+
+The same unmodified DDP script (``bench/workers/plain_steps.py``, steps of tens of ms on one
+thread) runs failure-free, 2 workers, under plain ``torchrun`` and under ``torchrelay run
+--transparent --spares 0``, interleaved (A B A B ...), ``--pairs`` times: on a shared machine
+only ratios within a pair mean anything. Both sides are measured the same way, inside the
+script on rank 0 after each ``optimizer.step()``: steps/s and CPU seconds per step over the
+last 80 % of the steps. The hook's own per-step work (the commit, which takes the next
+boundary snapshot, and each snapshot alone) is timed in the torchrelay workers with
+``perf_counter`` over every step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.procs import WORKERS, ProcessSet, free_port, wait_exit, worker_env
+
+SCRIPT = WORKERS / "plain_steps.py"
+
+
+def _command(launcher: str, workdir: Path, steps: int) -> list[str]:
+    if launcher == "torchrun":
+        head = [sys.executable, "-m", "torch.distributed.run", "--master-port", str(free_port())]
+    else:
+        head = [sys.executable, "-m", "torchrelay.cli.main", "run", "--transparent"]
+        head += ["--spares", "0", "--run-dir", str(workdir / "run")]
+    return [*head, "--nproc-per-node", "2", str(SCRIPT), "--steps", str(steps)]
+
+
+def steady(marks: list[list[float]]) -> dict[str, float]:
+    """Steps/s and CPU s/step over the last 80 % of ``marks`` (wall, CPU time after a step)."""
+    first = len(marks) // 5
+    (wall0, cpu0), (wall1, cpu1) = marks[first], marks[-1]
+    steps = len(marks) - 1 - first
+    return {"steps_per_s": steps / (wall1 - wall0), "cpu_s_per_step": (cpu1 - cpu0) / steps}
+
+
+def run_job(launcher: str, workdir: Path, steps: int, timeout_s: float) -> dict:
+    """One failure-free job; its steady figures and (torchrelay) the hook's timings in µs."""
+    workdir.mkdir(parents=True)
+    log = workdir / "steps.json"
+    env = worker_env(BENCH_STEP_LOG=str(log), BENCH_HOOK_TIMES="1")
+    with ProcessSet() as procs:
+        proc = procs.start(_command(launcher, workdir, steps), workdir / "out.log", env=env)
+        code = wait_exit(proc, time.monotonic() + timeout_s)
+    if code != 0 or not log.is_file():
+        raise RuntimeError(f"{launcher} exited with {code}; see {workdir / 'out.log'}")
+    recorded = json.loads(log.read_text())
+    hook = {
+        name: {
+            "calls": len(v),
+            "median_us": statistics.median(v) * 1e6,
+            "mean_us": 1e6 * sum(v) / len(v),
+        }
+        for name, v in recorded["hook"].items()
+    }
+    return {**steady(recorded["marks"]), "hook": hook}
+
+
+def _spread(name: str, ratios: list[float]) -> str:
+    low, high = min(ratios), max(ratios)
+    return f"{name}: median {statistics.median(ratios):.3f}, range {low:.3f}-{high:.3f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--pairs", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per job")
+    parser.add_argument("--json", type=Path, default=None, help="write every job's figures")
+    args = parser.parse_args()
+    pairs = []
+    with tempfile.TemporaryDirectory(prefix="bench-transparent-") as tmp:
+        for pair in range(args.pairs):
+            plain, relay = (
+                run_job(name, Path(tmp) / f"{name}{pair}", args.steps, args.timeout)
+                for name in ("torchrun", "torchrelay")
+            )
+            pairs.append({"torchrun": plain, "torchrelay": relay})
+            print(f"pair {pair}: {json.dumps(pairs[-1])}", flush=True)
+    speed = [p["torchrelay"]["steps_per_s"] / p["torchrun"]["steps_per_s"] for p in pairs]
+    cpu = [p["torchrelay"]["cpu_s_per_step"] / p["torchrun"]["cpu_s_per_step"] for p in pairs]
+    print(_spread("steps/s, transparent / torchrun", speed))
+    print(_spread("CPU s/step, transparent / torchrun", cpu))
+    for name in pairs[0]["torchrelay"]["hook"]:
+        medians = [p["torchrelay"]["hook"][name]["median_us"] for p in pairs]
+        means = [p["torchrelay"]["hook"][name]["mean_us"] for p in pairs]
+        print(
+            f"hook {name}: per call median {statistics.median(medians):.0f} µs, "
+            f"mean {statistics.median(means):.0f} µs (medians over pairs)"
+        )
+    if args.json:
+        args.json.write_text(json.dumps({"pairs": pairs, "speed": speed, "cpu": cpu}))
+
+
+if __name__ == "__main__":
+    main()
