@@ -85,6 +85,10 @@ class TransparentWorker:
     def on_forward(self) -> None:
         self._started = True
         self.voided = False
+        if self._boundary is None:
+            # The step before fetched from a DistributedSampler and this one did not (the
+            # script left its loader loop): its snapshot is taken here, the latest safe point.
+            self._boundary = Boundary.take(list(self.modules))
         self.relay._maybe_fire("forward")
 
     def _before_fetch(self) -> None:
@@ -121,12 +125,15 @@ class TransparentWorker:
             pass  # a recovery was served meanwhile; report done again
 
     # ------------------------------------------------------------ boundary
-    def _begin(self, step: int) -> None:
+    def _begin(self, step: int, snapshot: bool = True) -> None:
+        """Start ``step``; its boundary snapshot now, unless ``snapshot`` is false: the step
+        will take it before its first fetch (:meth:`_before_fetch`) or, failing that, at its
+        first forward (:meth:`on_forward`)."""
         relay = self.relay
         relay.guard.begin_step()
         relay._current_step = step
         self._fetched = False
-        self._boundary = Boundary.take(list(self.modules))
+        self._boundary = Boundary.take(list(self.modules)) if snapshot else None
         relay.timer.start()
 
     def _commit(self, step: int) -> None:
@@ -138,7 +145,10 @@ class TransparentWorker:
         relay._report_resumed()
         if relay.guard.poisoned or relay._handover_due():
             relay._recover(in_flight=None)
-        self._begin(step + 1)
+        # A loop over a DistributedSampler's loader snapshots again before the next step's
+        # first fetch, which replaces this one: taking both would double the hook's per-step
+        # cost (the numpy RNG state alone takes ~100 µs to read).
+        self._begin(step + 1, snapshot=not self._fetched)
 
     def _void(self, step: int) -> None:
         relay = self.relay
