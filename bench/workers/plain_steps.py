@@ -1,5 +1,5 @@
-"""The steady-state bench's training script: an ordinary torchrun DDP script (the shape of
-``tests/scripts/plain_trainer.py``: its own Trainer, a DistributedSampler, dropout, an LR
+"""The steady-state bench's training script: an ordinary torchrun DDP script (the loop of
+``tests/scripts/plain_trainer.py``: a DistributedSampler, dropout, SGD with momentum, an LR
 scheduler), never written for torchrelay, with a model big enough that a step takes tens of
 milliseconds on one thread. ``bench.transparent`` runs it unchanged under ``torchrun`` and
 under ``torchrelay run --transparent``.
