@@ -165,11 +165,13 @@ def render(status: dict) -> str:
             f"job {name}: priority {job['priority']}, holds {job['held']} of {job['size']} "
             f"(min {job['min_nproc']}), {job['processes']} process(es)"
             + (", recovering" if job["recovering"] else "")
+            + (", parked" if job.get("parked") else "")
             + (f", waiting for {job['wanted']}" if job["wanted"] else "")
         )
     for loan in status["loans"]:
         lines.append(
-            f"loan {loan['id']}: {loan['lender']} -> {loan['borrower']} slot {loan['slot']} "
+            f"loan {loan['id']} ({loan.get('kind', 'shrink')}): {loan['lender']} -> "
+            f"{loan['borrower']} slot {loan['slot']} "
             f"{loan['state']}" + (f" ({loan['note']})" if loan["note"] else "")
         )
     return "\n".join(lines)
