@@ -33,7 +33,9 @@ def test_a_lender_at_its_minimum_parks_whole_and_is_paid_back_all_at_once():
     assert state.slots == ["L", "L", BROKEN] and _taken(state, "H") == []
     policy.report(state, "L", 2, False, 0, {}, 3.0, RULES, parked=True)
     assert state.slots == [IDLE, "H", BROKEN]  # one slot to H, the other to the pool
-    assert _taken(state, "H") == [{"type": "grant", "slot": 1, "loan": 0, "lender": "L"}]
+    assert _taken(state, "H") == [
+        {"type": "grant", "slot": 1, "loan": 0, "lender": "L", "kind": "park"}
+    ]
     loan = state.loans[0]
     assert loan.state is LoanState.ACTIVE and (loan.slot, loan.count) == (1, 2)
     again = PoolState.from_dict(json.loads(json.dumps(state.to_dict())))

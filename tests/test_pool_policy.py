@@ -67,7 +67,9 @@ def test_borrowing_asks_the_lender_to_release_and_moves_the_slot_once_it_did():
     assert state.slots == ["L", "L", "H", BROKEN]
     policy.report(state, "L", 1, False, 0, {}, 3.0, RULES)  # the released process exited
     assert state.slots == ["L", "H", "H", BROKEN]
-    assert _taken(state, "H") == [{"type": "grant", "slot": 1, "loan": 0, "lender": "L"}]
+    assert _taken(state, "H") == [
+        {"type": "grant", "slot": 1, "loan": 0, "lender": "L", "kind": "shrink"}
+    ]
     assert state.loans[0].state is LoanState.ACTIVE and state.loans[0].slot == 1
 
 

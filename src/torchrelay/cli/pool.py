@@ -35,6 +35,12 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
         help="with --pool: higher borrows from lower (default 0)",
     )
     parser.add_argument(
+        "--no-park",
+        action="store_true",
+        help="with --pool: never park this job whole for a higher-priority one (it may still "
+        "shrink if --elastic)",
+    )
+    parser.add_argument(
         "--job-name",
         default=None,
         help="with --pool: this job's name in the pool (default: the run directory's name)",
@@ -44,8 +50,10 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
 def check_run_flags(args: argparse.Namespace, run_dir: Path) -> PoolSpec | None:
     """The pool to attach to, or ``None``; ``SystemExit`` with one line if refused."""
     if args.pool is None:
-        if args.pool_token or args.priority is not None or args.job_name:
-            raise SystemExit("torchrelay run: --pool-token, --priority, --job-name need --pool")
+        if args.pool_token or args.priority is not None or args.job_name or args.no_park:
+            raise SystemExit(
+                "torchrelay run: --pool-token, --priority, --job-name, --no-park need --pool"
+            )
         return None
     if args.pool_token is None:
         raise SystemExit("torchrelay run: --pool needs --pool-token FILE (the pool's token)")
@@ -61,7 +69,9 @@ def check_run_flags(args: argparse.Namespace, run_dir: Path) -> PoolSpec | None:
     from torchrelay.pool.client import read_token
 
     name = args.job_name or run_dir.resolve().name
-    return PoolSpec(args.pool, read_token(args.pool_token), name, args.priority or 0)
+    return PoolSpec(
+        args.pool, read_token(args.pool_token), name, args.priority or 0, not args.no_park
+    )
 
 
 def add_parsers(subparsers: argparse._SubParsersAction) -> None:

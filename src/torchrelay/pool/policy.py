@@ -241,7 +241,7 @@ def _give(state: PoolState, job: PoolJob, slot: int, loan: Loan | None) -> None:
     job.wanted -= 1
     grant: dict[str, Any] = {"type": "grant", "slot": slot}
     if loan is not None:
-        grant.update(loan=loan.id, lender=loan.lender)
+        grant.update(loan=loan.id, lender=loan.lender, kind=loan.kind.value)
     job.commands.append(grant)
 
 
