@@ -25,7 +25,7 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="take this job's slots and spares from a `torchrelay pool` (needs --pool-token "
         "and --spares 0): a lost process is replaced on an idle slot, or on one borrowed from "
-        "a lower-priority --elastic job (docs/pool.md)",
+        "a lower-priority job, which shrinks (--elastic) or parks whole (docs/pool.md)",
     )
     parser.add_argument("--pool-token", type=Path, default=None, help="the pool's token file")
     parser.add_argument(
@@ -80,8 +80,9 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         help="serve a pool of slots that jobs attach to (run --pool) and borrow from",
         description="Own --slots slots. Jobs attach with `torchrelay run --pool ADDR "
         "--pool-token FILE --priority N`; idle slots replace their lost processes; with none "
-        "idle, a lower-priority --elastic job lends one (it shrinks at a step boundary) and "
-        "grows back when a slot comes back. Runs until SIGTERM or Ctrl-C.",
+        "idle, a lower-priority job lends one: it shrinks at a step boundary (--elastic) or, "
+        "at its minimum, parks whole there, and grows back or resumes when slots come back. "
+        "Runs until SIGTERM or Ctrl-C.",
     )
     pool.add_argument("--slots", type=int, required=True, help="how many slots it owns")
     pool.add_argument("--token-file", type=Path, required=True, help="created if absent")
