@@ -149,7 +149,8 @@ def main() -> None:
     print(
         f"\nH, borrowed: failure -> pool_granted {lent['to_grant']:.2f} s (L's release at its "
         f"boundary, its process's exit); pool_granted -> spare_ready {lent['spare_start']:.2f} s "
-        f"(a cold spare's start). L's release stall (handover_done): {lent['release_stall']:.2f} s"
+        f"(the spare's start, a fork of the job's template). L's release stall "
+        f"(handover_done): {lent['release_stall']:.2f} s"
     )
 
 

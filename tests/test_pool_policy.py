@@ -8,9 +8,10 @@ import pytest
 
 from torchrelay.pool import policy
 from torchrelay.pool.policy import PoolRefusal, Rules
-from torchrelay.pool.state import BROKEN, IDLE, IllegalLoanMove, LoanState, PoolState
+from torchrelay.pool.state import BROKEN, IDLE, IllegalLoanMove, LoanKind, LoanState, PoolState
 
 RULES = Rules(max_lends=2, window=100.0)
+SHRINK, PARK = LoanKind.SHRINK, LoanKind.PARK
 
 
 def _pool(slots: int = 4) -> PoolState:
@@ -66,7 +67,9 @@ def test_borrowing_asks_the_lender_to_release_and_moves_the_slot_once_it_did():
     assert state.slots == ["L", "L", "H", BROKEN]
     policy.report(state, "L", 1, False, 0, {}, 3.0, RULES)  # the released process exited
     assert state.slots == ["L", "H", "H", BROKEN]
-    assert _taken(state, "H") == [{"type": "grant", "slot": 1, "loan": 0, "lender": "L"}]
+    assert _taken(state, "H") == [
+        {"type": "grant", "slot": 1, "loan": 0, "lender": "L", "kind": "shrink"}
+    ]
     assert state.loans[0].state is LoanState.ACTIVE and state.loans[0].slot == 1
 
 
@@ -103,14 +106,14 @@ def test_choose_lender_follows_priority_minimum_recovery_and_the_lend_limit():
     policy.attach(state, "mid", 2, 1, 5, True)
     policy.attach(state, "top", 2, 1, 20, True)  # higher than H: never a lender
     h = state.jobs["H"]
-    assert policy.choose_lender(state, h, 0.0, RULES) == ("low", "")
+    assert policy.choose_lender(state, h, 0.0, RULES) == ("low", SHRINK, "")
     state.jobs["low"].recovering = True  # never borrow from a job mid-recovery
-    assert policy.choose_lender(state, h, 0.0, RULES) == ("mid", "")
+    assert policy.choose_lender(state, h, 0.0, RULES) == ("mid", SHRINK, "")
     state.jobs["mid"].lent_at = [10.0, 20.0]  # lent twice in the window: skipped
-    lender, why = policy.choose_lender(state, h, 50.0, RULES)
+    lender, _, why = policy.choose_lender(state, h, 50.0, RULES)
     assert lender is None
     assert "low: recovering" in why and "mid: lent 2 time(s)" in why and "top: priority" in why
-    assert policy.choose_lender(state, h, 200.0, RULES) == ("mid", "")  # the window passed
+    assert policy.choose_lender(state, h, 200.0, RULES) == ("mid", SHRINK, "")  # the window passed
     state.jobs["mid"].processes = 1  # at its minimum
     assert policy.choose_lender(state, h, 200.0, RULES)[0] is None
 
@@ -121,7 +124,8 @@ def test_no_lender_refuses_the_borrower_and_a_job_that_cannot_shrink_never_lends
     policy.attach(state, "rigid", 2, 2, 0, False)
     _lose_one(state, "H")
     (refuse,) = _taken(state, "H")
-    assert refuse["type"] == "refuse" and "rigid: not --elastic" in refuse["reason"]
+    assert refuse["type"] == "refuse" and "rigid: cannot shrink: not --elastic" in refuse["reason"]
+    assert "cannot park: does not park" in refuse["reason"]
     assert state.jobs["H"].wanted == 0 and state.loans == []
 
 
@@ -132,7 +136,7 @@ def test_a_lenders_pending_releases_count_against_its_minimum():
     # A second loss of H: L has one release pending and would go below its minimum.
     policy.report(state, "H", 0, True, 1, {}, 1.0, RULES)
     (refuse,) = _taken(state, "H")
-    assert refuse["type"] == "refuse" and "L: at its minimum" in refuse["reason"]
+    assert refuse["type"] == "refuse" and "L: cannot shrink: at its minimum" in refuse["reason"]
 
 
 def test_a_growing_lender_is_not_asked():

@@ -35,7 +35,7 @@ def test_a_recovery_asks_the_pool_once_and_waits_then_a_grant_replaces_the_slot(
     assert [a for a in driver.actions if isinstance(a, AskPool)] == [AskPool(1)]
     assert driver.events("pool_asked") == [{"slots": 1, "pool": POOL.address}]
     assert driver.job.pool_asked == 1 and not driver.events("recovery_abandoned")
-    assert pool_side.view(driver.job) == (1, True)
+    assert pool_side.view(driver.job) == (1, True, False)
 
     _command(driver, {"type": "grant", "slot": 1, "loan": 0, "lender": "L"})
     assert driver.events("pool_granted") == [{"slot": 1, "lender": "L", "loan": 0}]
@@ -65,12 +65,17 @@ def test_a_release_is_the_elastic_release_of_the_highest_slot_and_a_refusal_says
     driver = Driver(tmp_path, spares=0, elastic=True, pool=POOL)
     driver.start(steps=3, spare=False)
     assert _command(driver, {"type": "release", "loan": 4, "borrower": "H"}, False) is None
-    assert driver.events("pool_lend") == [{"loan": 4, "borrower": "H", "slot": 1}]
+    assert driver.events("pool_lend") == [{"loan": 4, "borrower": "H", "slot": 1, "kind": "shrink"}]
     (asked,) = driver.events("handover_requested")
-    assert asked["slots"] == [1] and pool_side.view(driver.job) == (2, True)
+    assert asked["slots"] == [1] and pool_side.view(driver.job) == (2, True, False)
     why = _command(driver, {"type": "release", "loan": 5, "borrower": "H"}, False)
     assert why is not None and "under way" in why
-    assert driver.events("pool_lend")[-1] == {"loan": 5, "borrower": "H", "refused": why}
+    assert driver.events("pool_lend")[-1] == {
+        "loan": 5,
+        "borrower": "H",
+        "refused": why,
+        "kind": "shrink",
+    }
 
     rigid = Driver(tmp_path / "rigid", spares=0, pool=POOL)
     rigid.start(steps=3, spare=False)

@@ -256,6 +256,9 @@ EVENTS = [
     ev.PoolLend(loan=0, borrower="H", slot=1),
     ev.PoolLend(loan=1, borrower="H", refused="a recovery or handover is under way"),
     ev.PoolReturned(loan=0, slot=1),
+    ev.PoolLend(loan=2, borrower="H", kind="park"),
+    ev.JobParked(loan=2, borrower="H", step=22, processes=("worker0", "worker1")),
+    ev.JobUnparked(loan=2, slots=(0, 1), step=22, parked_seconds=7.5),
     ev.ControllerTakeover(
         leader="node1",
         previous="node0",

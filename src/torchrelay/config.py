@@ -14,12 +14,14 @@ from torchrelay.health.policy import HealthPolicy
 @dataclass(frozen=True)
 class PoolSpec:
     """``torchrelay run --pool ADDR``: where the pool is, its token, and how this job
-    attaches (``name``, ``priority``: higher is more important)."""
+    attaches (``name``, ``priority``: higher is more important; ``parkable``: the job may
+    park whole when it cannot shrink, see :mod:`torchrelay.control.parking`)."""
 
     address: str
     token: str
     name: str
     priority: int = 0
+    parkable: bool = True
 
 
 @dataclass

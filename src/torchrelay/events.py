@@ -29,6 +29,8 @@ from torchrelay.events_moves import (
     HandoverStart,
 )
 from torchrelay.events_pool import (
+    JobParked,
+    JobUnparked,
     PoolAsked,
     PoolAttached,
     PoolGranted,
@@ -369,6 +371,8 @@ EVENTS = registry(
     PoolRefused,
     PoolLend,
     PoolReturned,
+    JobParked,
+    JobUnparked,
     ReplicaCloned,
     WorkerMigrated,
     CopyFailed,

@@ -33,13 +33,14 @@ class PoolAsked(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class PoolGranted(Event):
-    """The pool gave the job ``slot`` (an idle one, or lent by ``lender`` under ``loan``):
-    a spare starts there."""
+    """The pool gave the job ``slot`` (an idle one, or lent by ``lender`` under ``loan``, of
+    ``kind`` ``shrink`` or ``park``): a spare starts there."""
 
     TAG: ClassVar[str] = "pool_granted"
     slot: int
     lender: str | None = optional()
     loan: int | None = optional()
+    kind: str | None = optional()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,14 +53,16 @@ class PoolRefused(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class PoolLend(Event):
-    """The pool asked this job to lend a slot to ``borrower`` (``loan``): ``slot``'s process
-    is released at the next step boundary; or ``refused`` with why."""
+    """The pool asked this job to lend a slot to ``borrower`` (``loan``), by ``kind``:
+    ``shrink`` (``slot``'s process is released at the next step boundary) or ``park`` (the
+    whole job halts there, see ``job_parked``); or ``refused`` with why."""
 
     TAG: ClassVar[str] = "pool_lend"
     loan: int
     borrower: str
     slot: int | None = optional()
     refused: str | None = optional()
+    kind: str = "shrink"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,3 +73,28 @@ class PoolReturned(Event):
     TAG: ClassVar[str] = "pool_returned"
     loan: int
     slot: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobParked(Event):
+    """The pool asked this job (at its minimum) to park for ``borrower`` (``loan``): every
+    process halted right after committing ``step`` and waits in place, its state in its own
+    memory; the job's slots went to the pool."""
+
+    TAG: ClassVar[str] = "job_parked"
+    loan: int
+    borrower: str
+    step: int
+    processes: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobUnparked(Event):
+    """The pool gave the parked job its ``slots`` back (``loan``): the same processes resume
+    after ``step``, nothing redone; ``parked_seconds``: from the last halt to now."""
+
+    TAG: ClassVar[str] = "job_unparked"
+    loan: int
+    slots: tuple[int, ...]
+    step: int
+    parked_seconds: float

@@ -25,7 +25,7 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="take this job's slots and spares from a `torchrelay pool` (needs --pool-token "
         "and --spares 0): a lost process is replaced on an idle slot, or on one borrowed from "
-        "a lower-priority --elastic job (docs/pool.md)",
+        "a lower-priority job, which shrinks (--elastic) or parks whole (docs/pool.md)",
     )
     parser.add_argument("--pool-token", type=Path, default=None, help="the pool's token file")
     parser.add_argument(
@@ -33,6 +33,12 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="with --pool: higher borrows from lower (default 0)",
+    )
+    parser.add_argument(
+        "--no-park",
+        action="store_true",
+        help="with --pool: never park this job whole for a higher-priority one (it may still "
+        "shrink if --elastic)",
     )
     parser.add_argument(
         "--job-name",
@@ -44,8 +50,10 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
 def check_run_flags(args: argparse.Namespace, run_dir: Path) -> PoolSpec | None:
     """The pool to attach to, or ``None``; ``SystemExit`` with one line if refused."""
     if args.pool is None:
-        if args.pool_token or args.priority is not None or args.job_name:
-            raise SystemExit("torchrelay run: --pool-token, --priority, --job-name need --pool")
+        if args.pool_token or args.priority is not None or args.job_name or args.no_park:
+            raise SystemExit(
+                "torchrelay run: --pool-token, --priority, --job-name, --no-park need --pool"
+            )
         return None
     if args.pool_token is None:
         raise SystemExit("torchrelay run: --pool needs --pool-token FILE (the pool's token)")
@@ -61,7 +69,9 @@ def check_run_flags(args: argparse.Namespace, run_dir: Path) -> PoolSpec | None:
     from torchrelay.pool.client import read_token
 
     name = args.job_name or run_dir.resolve().name
-    return PoolSpec(args.pool, read_token(args.pool_token), name, args.priority or 0)
+    return PoolSpec(
+        args.pool, read_token(args.pool_token), name, args.priority or 0, not args.no_park
+    )
 
 
 def add_parsers(subparsers: argparse._SubParsersAction) -> None:
@@ -70,8 +80,9 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         help="serve a pool of slots that jobs attach to (run --pool) and borrow from",
         description="Own --slots slots. Jobs attach with `torchrelay run --pool ADDR "
         "--pool-token FILE --priority N`; idle slots replace their lost processes; with none "
-        "idle, a lower-priority --elastic job lends one (it shrinks at a step boundary) and "
-        "grows back when a slot comes back. Runs until SIGTERM or Ctrl-C.",
+        "idle, a lower-priority job lends one: it shrinks at a step boundary (--elastic) or, "
+        "at its minimum, parks whole there, and grows back or resumes when slots come back. "
+        "Runs until SIGTERM or Ctrl-C.",
     )
     pool.add_argument("--slots", type=int, required=True, help="how many slots it owns")
     pool.add_argument("--token-file", type=Path, required=True, help="created if absent")
@@ -165,11 +176,13 @@ def render(status: dict) -> str:
             f"job {name}: priority {job['priority']}, holds {job['held']} of {job['size']} "
             f"(min {job['min_nproc']}), {job['processes']} process(es)"
             + (", recovering" if job["recovering"] else "")
+            + (", parked" if job.get("parked") else "")
             + (f", waiting for {job['wanted']}" if job["wanted"] else "")
         )
     for loan in status["loans"]:
         lines.append(
-            f"loan {loan['id']}: {loan['lender']} -> {loan['borrower']} slot {loan['slot']} "
+            f"loan {loan['id']} ({loan.get('kind', 'shrink')}): {loan['lender']} -> "
+            f"{loan['borrower']} slot {loan['slot']} "
             f"{loan['state']}" + (f" ({loan['note']})" if loan["note"] else "")
         )
     return "\n".join(lines)

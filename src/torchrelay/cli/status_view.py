@@ -123,6 +123,8 @@ def _header(status: dict[str, Any], rate: float | None, title: str) -> Text:
 
 def _recovery(status: dict[str, Any]) -> Text:
     recovery = status.get("recovery")
+    if status.get("parked"):
+        return Text("parked: every process halted, its slots lent to the pool", style="yellow")
     if recovery is None:
         line = "recovering (starting)" if status["recovering"] else "healthy: no recovery"
         return Text(line, style="bold red" if status["recovering"] else "green")

@@ -34,6 +34,7 @@ from torchrelay.config import JobConfig
 from torchrelay.control.actions import Action, Record, Send, StartRecovery
 from torchrelay.control.endings import fail
 from torchrelay.control.errors import ProtocolError
+from torchrelay.control.parking import PARK
 from torchrelay.control.plan_publish import announce
 from torchrelay.control.planner import NO_LIVE_REPLICA, PlanningError, plan_recovery
 from torchrelay.control.protocol import Retire
@@ -184,8 +185,8 @@ def want_grow(job: JobState, config: JobConfig, now: float) -> list[Action]:
 
 
 def needs_spare(request: dict[str, Any]) -> bool:
-    """Whether a handover request moves its slot to a spare (a release does not)."""
-    return request.get("kind") != RELEASE
+    """Whether a handover request moves its slot to a spare (a release or a park does not)."""
+    return request.get("kind") not in (RELEASE, PARK)
 
 
 def publish_release(

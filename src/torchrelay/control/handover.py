@@ -29,6 +29,9 @@ A job needs a replica that stays: a handover of every slot at once is refused.
 needs no spare (its slot is hosted by a survivor and its process retires; a drain waits until
 it is done) and a *grow* moves a hosted slot onto a spare (its host keeps its own slot).
 
+A park (:mod:`torchrelay.control.parking`) is a handover of every slot that needs no spare:
+the round holds in ``HALT`` until the pool gives the slots back, then re-forms the same members.
+
 A ``--transparent`` job needs no spare: at the boundary each drained worker moves into a CRIU
 copy of itself (:func:`torchrelay.control.transparent.migrations`), and the plan re-forms the
 same members; nobody retires.
@@ -43,7 +46,7 @@ from typing import Any
 
 from torchrelay import events
 from torchrelay.config import JobConfig
-from torchrelay.control import elastic, transparent
+from torchrelay.control import elastic, parking, transparent
 from torchrelay.control.actions import Action, Record, Send, StartRecovery
 from torchrelay.control.endings import fail, finish_if_all_done
 from torchrelay.control.errors import ProtocolError
@@ -180,6 +183,8 @@ def _await_boundary(
     survivors = [job.members[p] for p in current.survivors]
     running = [m for m in survivors if m.state is not MemberState.HALTED]
     if not running:
+        if parking.hold(job, current, now, actions):
+            return None  # parked: the pool's unpark calls advance again
         if config.transparent:  # the drained workers move first (see control.transparent)
             wake = transparent.migrations(job, config, current, now, actions)
             if wake is not None or job.finished:
@@ -215,10 +220,11 @@ def _plan(
 ) -> list[Action]:
     assert current.handover is not None
     requests = {int(s): r for s, r in current.handover["requests"].items()}
-    if not any(elastic.needs_spare(r) for r in requests.values()):
+    parks = parking.parks(requests)
+    if not parks and not any(elastic.needs_spare(r) for r in requests.values()):
         return elastic.publish_release(job, config, current, now, survivors)
     moving = {slot: r["process"] for slot, r in requests.items()}
-    if config.transparent:  # they moved with their state and frames: every member stays
+    if config.transparent or parks:  # every member stays, with its state
         moving = {}
     staying = [m for m in survivors if m.slot not in moving]
     replaced = {slot: job.members[process].node for slot, process in moving.items()}

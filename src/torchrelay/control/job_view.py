@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from torchrelay.config import JobConfig
+from torchrelay.control import parking
 from torchrelay.control.state import JobState, Member, MemberState, RecoveryState, Role
 
 
@@ -43,7 +44,8 @@ def describe_job(
             if m.role is Role.SPARE and m.slot is None and m.state in waiting
         ],
         "steps_committed": job.highest_committed + 1,
-        "recovering": job.recovery.current is not None,
+        "recovering": job.recovery.current is not None and not parking.parked(job),
+        "parked": parking.parked(job),
         "recovery": describe_recovery(job.recovery, now),
         "hang_timeout": job.hang_timeout,
         "nodes": {

@@ -10,7 +10,10 @@ commands (see :mod:`torchrelay.pool.policy`) and tells the pool what it needs to
   job shrinks, another stops);
 - ``release``: the highest slot with a process of its own is released at the next step
   boundary (:func:`torchrelay.control.elastic.release`); a refusal is reported back;
-- ``grow``: a loan came back: a spare starts and, once ready, a hosted slot regrows onto it.
+- ``grow``: a loan came back: a spare starts and, once ready, a hosted slot regrows onto it;
+- ``park``: every process halts after the next step boundary and waits in place
+  (:mod:`torchrelay.control.parking`); a refusal is reported back;
+- ``unpark``: the parked job's slots came back: the same processes resume from the boundary.
 """
 
 from __future__ import annotations
@@ -21,18 +24,21 @@ from typing import Any
 
 from torchrelay import events
 from torchrelay.config import JobConfig
-from torchrelay.control import elastic
+from torchrelay.control import elastic, parking
 from torchrelay.control.actions import Action, Record, StartRecovery
 from torchrelay.control.errors import ProtocolError
 from torchrelay.control.spares import start_spare
 from torchrelay.control.state import GONE, JobState
 
 
-def view(job: JobState) -> tuple[int, bool]:
-    """``(live processes, recovering)``: what the job reports to its pool. A process counts
-    until it exited (a released one too), so a lent slot moves only once it is really free."""
+def view(job: JobState) -> tuple[int, bool, bool]:
+    """``(live processes, recovering, parked)``: what the job reports to its pool. A process
+    counts until it exited (a released one too), so a lent slot moves only once it is really
+    free; a parked job's slots move once every process halted (it is not recovering then)."""
     live = sum(1 for m in job.members.values() if m.state not in GONE)
-    return live, job.recovery.current is not None or bool(job.recovery.handovers)
+    if parking.parked(job):
+        return live, False, True
+    return live, job.recovery.current is not None or bool(job.recovery.handovers), False
 
 
 def apply(
@@ -43,7 +49,10 @@ def apply(
     if kind == "grant":
         job.pool_asked = max(0, job.pool_asked - 1)
         granted = events.PoolGranted(
-            slot=int(command["slot"]), lender=command.get("lender"), loan=command.get("loan")
+            slot=int(command["slot"]),
+            lender=command.get("lender"),
+            loan=command.get("loan"),
+            kind=command.get("kind"),
         )
         spare = start_spare(job) if not job.finished else []
         return [Record(granted), *spare, StartRecovery()], None
@@ -52,6 +61,11 @@ def apply(
         return [Record(events.PoolRefused(reason=str(command["reason"]))), StartRecovery()], None
     if kind == "release":
         return _lend(job, config, int(command["loan"]), str(command["borrower"]), now)
+    if kind == "park":
+        return _park(job, config, int(command["loan"]), str(command["borrower"]), now)
+    if kind == "unpark":
+        slots = [int(s) for s in command["slots"]]
+        return parking.unpark(job, int(command["loan"]), slots, now), None
     if kind == "grow":
         returned = events.PoolReturned(loan=int(command["loan"]), slot=int(command["slot"]))
         spare = start_spare(job) if not job.finished else []
@@ -74,6 +88,17 @@ def _lend(
     return [Record(lent), *actions], None
 
 
+def _park(
+    job: JobState, config: JobConfig, loan: int, borrower: str, now: float
+) -> tuple[list[Action], str | None]:
+    try:
+        actions = parking.park(job, config, loan, borrower, now)
+    except ProtocolError as exc:
+        refused = events.PoolLend(loan=loan, borrower=borrower, refused=str(exc), kind="park")
+        return [Record(refused)], str(exc)
+    return [Record(events.PoolLend(loan=loan, borrower=borrower, kind="park")), *actions], None
+
+
 class PoolSide:
     """Controller mixin: the pool link's entry points (each one transition)."""
 
@@ -88,7 +113,7 @@ class PoolSide:
         """``ask(slots)`` sends a request for replacement slots (it must not block)."""
         self._executor.ask_pool = ask
 
-    def pool_view(self) -> tuple[int, bool]:
+    def pool_view(self) -> tuple[int, bool, bool]:
         with self._cond:
             return view(self.job)
 

@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 from torchrelay import events
 from torchrelay.config import JobConfig
-from torchrelay.control import elastic, handover, transparent
+from torchrelay.control import elastic, handover, parking, transparent
 from torchrelay.control.actions import Action, Record, Send
 from torchrelay.control.endings import fail, finish_if_all_done
 from torchrelay.control.nodes import signal as signal_process
@@ -66,6 +66,8 @@ def advance(job: JobState, config: JobConfig, now: float) -> tuple[list[Action],
         wake = steps[current.step](job, config, current, now, actions)
         if wake is not None:
             return actions, wake
+        if parking.parked(job):
+            break  # held without a deadline until the pool's unpark (control.parking)
     return actions, None
 
 

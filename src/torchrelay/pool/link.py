@@ -2,7 +2,7 @@
 
 :meth:`PoolLink.attach` registers the job before any worker starts (a refusal is one line and
 the job does not start). A thread then keeps one ``Sync`` long poll open: each call reports the
-job's live processes, whether it is recovering, the replacements its controller asked for
+job's live processes, whether it is recovering or parked, the replacements its controller asked for
 (:meth:`ask`, called by the controller's executor under its lock: it only queues) and the
 releases it refused; the answer's commands go to the controller
 (:meth:`~torchrelay.control.pool_side.PoolSide.pool_command`), which records each in the
@@ -45,6 +45,7 @@ class PoolLink:
                     "min_nproc": min_nproc,
                     "priority": self.spec.priority,
                     "elastic": elastic,
+                    "parkable": self.spec.parkable,
                 },
             )
         except PoolError as exc:
@@ -68,7 +69,7 @@ class PoolLink:
     def _run(self, controller: Any) -> None:
         complained = False
         while not self._stop.is_set():
-            processes, recovering = controller.pool_view()
+            processes, recovering, parked = controller.pool_view()
             with self._lock:
                 lost, self._lost = self._lost, 0
                 refused, self._refused = self._refused, {}
@@ -77,6 +78,7 @@ class PoolLink:
                 "recovering": recovering,
                 "lost": lost,
                 "refused": refused,
+                "parked": parked,
                 "wait": POLL,
             }
             try:

@@ -3,10 +3,11 @@
 Requests are sealed JSON (:mod:`torchrelay.control.wire`) with the pool token, authenticated
 before they are parsed and admitted once while fresh (:mod:`torchrelay.control.replay`): a
 refused one gets ``UNAUTHENTICATED`` and changes nothing. Methods (service
-``torchrelay.Pool``): ``Attach {job, size, min_nproc, priority, elastic}`` -> ``{slots}``;
-``Sync {job, processes, recovering, lost, refused}`` -> ``{commands}`` (a long poll: it answers
-as soon as the job has a command, or after ``wait`` seconds); ``Detach {job}``; ``Status``.
-A refused request (an unknown job, a full pool) is ``FAILED_PRECONDITION`` with one line.
+``torchrelay.Pool``): ``Attach {job, size, min_nproc, priority, elastic, parkable?}`` ->
+``{slots}``; ``Sync {job, processes, recovering, lost, refused, parked?}`` -> ``{commands}``
+(a long poll: it answers as soon as the job has a command, or after ``wait`` seconds);
+``Detach {job}``; ``Status``. A refused request (an unknown job, a full pool) is
+``FAILED_PRECONDITION`` with one line.
 
 Every change is written to the :class:`~torchrelay.control.store.StateBackend` (sealed with the
 token, compare-and-swap) before it is answered, so a pool restarted on the same etcd prefix
@@ -80,6 +81,7 @@ class Pool:
                 _int(body, "min_nproc"),
                 _int(body, "priority"),
                 bool(body["elastic"]),
+                bool(body.get("parkable", False)),
             )
         )
         return {"slots": slots}
@@ -97,6 +99,7 @@ class Pool:
                 refused,
                 time.time(),
                 self.rules,
+                bool(body.get("parked", False)),
             )
         )
         with self._cond:

@@ -2,11 +2,15 @@
 
 A slot is owned by one job, idle, or broken (its process died there: it is not handed out
 again until ``torchrelay pool`` restarts -- a repaired node is not modelled yet). A loan moves a
-slot from a lender to a borrower:
+slot from a lender to a borrower, by one of two :class:`LoanKind`: a *shrink* (the lender gives
+one process up) or a *park* (the lender, at its minimum, halts whole at a step boundary and
+gives every slot it holds up: one to the borrower, the others to the pool; it is paid back all
+at once, ``count`` slots):
 
 | ``LoanState`` | may move to | by |
 |---|---|---|
-| ASKED (lender asked to release) | ACTIVE | the lender has one process less: the slot moves |
+| ASKED (lender asked to release) | ACTIVE | the lender has one process less (a shrink) or
+reports itself parked (a park): the slot moves |
 | | FAILED | the lender refused the release, or one of the two left |
 | ACTIVE (the borrower holds it) | RETURNED | a slot came back: the lender grows onto it |
 | RETURNED, FAILED | (final) | |
@@ -26,6 +30,11 @@ IDLE = ""
 BROKEN = "!broken"
 """The owner of a slot a process died on (not a job name: job names are checked, see
 :func:`torchrelay.pool.policy.check_name`)."""
+
+
+class LoanKind(enum.Enum):
+    SHRINK = "shrink"
+    PARK = "park"
 
 
 class LoanState(enum.Enum):
@@ -49,7 +58,8 @@ class IllegalLoanMove(RuntimeError):
 
 @dataclass
 class Loan:
-    """One slot lent by ``lender`` to ``borrower``; ``slot`` is set once it moved."""
+    """One slot lent by ``lender`` to ``borrower``; ``slot`` is set once it moved; ``count``:
+    the slots the lender gave up (1 for a shrink, every slot it held for a park)."""
 
     id: int
     borrower: str
@@ -58,6 +68,8 @@ class Loan:
     state: LoanState = LoanState.ASKED
     slot: int | None = None
     note: str = ""
+    kind: LoanKind = LoanKind.SHRINK
+    count: int = 1
 
     def move(self, to: LoanState, note: str = "") -> None:
         if to not in _MOVES[self.state]:
@@ -66,11 +78,12 @@ class Loan:
         self.note = note or self.note
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "state": self.state.value}
+        return {**asdict(self), "state": self.state.value, "kind": self.kind.value}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Loan:
-        return cls(**{**data, "state": LoanState(data["state"])})
+        kind = LoanKind(data.get("kind", LoanKind.SHRINK.value))  # stored before parking
+        return cls(**{**data, "state": LoanState(data["state"]), "kind": kind})
 
 
 @dataclass
@@ -81,7 +94,9 @@ class PoolJob:
     may shrink to (``size`` for a job that cannot shrink); ``processes``: its live processes
     (workers and spares); ``recovering``: a recovery or handover is under way; ``wanted``:
     replacement slots it asked for and has not been given or refused; ``lent_at``: when it
-    was last asked to lend (for the starvation rule)."""
+    was last asked to lend (for the starvation rule); ``parkable``: it may park whole when it
+    cannot shrink (its launcher supports parking and the job did not opt out); ``parked``:
+    every process of it halted at a step boundary, as it last reported."""
 
     name: str
     size: int
@@ -92,8 +107,10 @@ class PoolJob:
     recovering: bool = False
     wanted: int = 0
     lent_at: list[float] = field(default_factory=list)
+    parkable: bool = False
+    parked: bool = False
     # Commands not yet fetched by the job's link: {"type": "grant" | "refuse" | "release" |
-    # "grow", ...} (see torchrelay.pool.policy).
+    # "grow" | "park" | "unpark", ...} (see torchrelay.pool.policy).
     commands: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -113,6 +130,11 @@ class PoolState:
 
     def loans_in(self, *states: LoanState) -> list[Loan]:
         return [loan for loan in self.loans if loan.state in states]
+
+    def parked_lenders(self) -> set[str]:
+        """The jobs that parked for a loan not paid back yet."""
+        active = self.loans_in(LoanState.ACTIVE)
+        return {loan.lender for loan in active if loan.kind is LoanKind.PARK}
 
     def to_dict(self) -> dict[str, Any]:
         return {
