@@ -37,6 +37,16 @@ from torchrelay.transparent.criu import CriuError, CriuUnavailable, RestoreFaile
 from torchrelay.transparent.cuda import DeviceStateError, DeviceStateUnavailable
 from torchrelay.transparent.park import Instruction, Kind, ParkError
 
+# What a failed park or copy raises: reported as CopyFailed, never raised to the executor.
+COPY_ERRORS = (
+    CriuError,
+    CriuUnavailable,
+    DeviceStateError,
+    DeviceStateUnavailable,
+    ParkError,
+    OSError,
+)
+
 if TYPE_CHECKING:  # the agent calls in here with itself
     from torchrelay.agent.agent import NodeAgent
 
@@ -53,14 +63,7 @@ def clone_replica(agent: NodeAgent, action: CloneReplica) -> Event:
         copy = agent.clone(donor, name)
         agent.instruct(donor, Instruction(Kind.CONTINUE, generation))
         agent.instruct(name, become(agent, name, action))
-    except (
-        CriuError,
-        CriuUnavailable,
-        DeviceStateError,
-        DeviceStateUnavailable,
-        ParkError,
-        OSError,
-    ) as exc:
+    except COPY_ERRORS as exc:
         with contextlib.suppress(ParkError, KeyError):
             agent.instruct(donor, Instruction(Kind.CONTINUE, generation))
         return CopyFailed(process=donor, kind="clone", reason=str(exc).splitlines()[0])
@@ -75,14 +78,7 @@ def migrate_worker(agent: NodeAgent, action: MigrateWorker) -> Event:
         parked = time.time()
         copy = agent.migrate(process)
         agent.instruct(process, Instruction(Kind.CONTINUE, generation))
-    except (
-        CriuError,
-        CriuUnavailable,
-        DeviceStateError,
-        DeviceStateUnavailable,
-        ParkError,
-        OSError,
-    ) as exc:
+    except COPY_ERRORS as exc:
         if not isinstance(exc, RestoreFailed):  # alive and parked: it goes on where it is
             with contextlib.suppress(ParkError, KeyError):
                 agent.instruct(process, Instruction(Kind.CONTINUE, generation))

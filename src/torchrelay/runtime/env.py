@@ -28,6 +28,7 @@ class RelayEnv:
     local_rank: int
     state: str = ""  # the job's state store (--state): where a new leader is announced
     elastic: bool = False  # --elastic: this process may host other ranks (runtime.hosting)
+    forked: bool = False  # forked by the node's spare template (agent.template), not spawned
 
     @classmethod
     def from_environ(cls) -> RelayEnv:
@@ -51,4 +52,5 @@ class RelayEnv:
             local_rank=int(env.get("LOCAL_RANK", "0")),
             state=env.get("TORCHRELAY_STATE", ""),
             elastic=env.get("TORCHRELAY_ELASTIC") == "1",
+            forked="TORCHRELAY_TEMPLATE_PID" in env,
         )

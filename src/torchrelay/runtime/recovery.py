@@ -23,7 +23,6 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from torchrelay.agent.template import FORKED_ENV
 from torchrelay.chaos import ChaosEvent
 from torchrelay.control.protocol import (
     Abort,
@@ -161,7 +160,7 @@ class Recovery:
         usage = resource.getrusage(resource.RUSAGE_SELF)
         ready = Ready(
             cpu_seconds=round(usage.ru_utime + usage.ru_stime, 4),
-            forked=FORKED_ENV in os.environ,
+            forked=self.env.forked,
         )
         message = self._report_and_wait(ready, Plan, Finish, idle=self._warm_model)
         if not isinstance(message, Plan):
