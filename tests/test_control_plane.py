@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import time
 
 import grpc
 import pytest
@@ -114,7 +115,7 @@ def test_stale_generation_is_fenced_after_recovery(job):
 
     plan = next(m for m in iter(spare.watch()) if isinstance(m, Plan))
     assert plan.slot == 1 and plan.target_step == 4 and plan.sources == (0,)
-    assert agent.fenced == ["worker1"] and agent.spares_started == 1  # pool refilled
+    assert agent.fenced == ["worker1"] and agent.spares_started == 0  # not while it recovers
 
     with pytest.raises(ControlError) as err:  # the old worker 1 comes back
         w1.report("progress", generation=0, step=5)
@@ -122,6 +123,10 @@ def test_stale_generation_is_fenced_after_recovery(job):
     events = [e["event"] for e in read_ledger(run_dir / "ledger.jsonl")]
     assert "fenced_refused" in events and "recovery_planned" in events
     w0.report("progress", generation=1, step=5)  # the survivor is not fenced
+
+    for member in (w0, spare):  # the recovery's first step: the spares are topped up now
+        member.report("progress", generation=1, step=5, first_after_recovery=True, t=time.time())
+    assert controller.wait_until(lambda: agent.spares_started == 1, timeout=10)
 
 
 def test_heartbeat_reply_grants_the_worker_its_lease(job):

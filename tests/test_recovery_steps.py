@@ -30,7 +30,7 @@ def test_a_recovery_runs_from_the_failure_to_the_first_step(tmp_path):
     plan = driver.sent("spare0")[-1]
     assert plan["type"] == "plan" and plan["slot"] == 1 and plan["receivers"] == [1]
     assert driver.job.members["spare0"].state is MemberState.ACTIVE
-    assert StartLocalSpare() in driver.actions  # the pool is topped up again
+    assert StartLocalSpare() not in driver.actions  # not while the recovery runs
 
     driver.now += 1
     for process in ("worker0", "spare0"):
@@ -41,6 +41,7 @@ def test_a_recovery_runs_from_the_failure_to_the_first_step(tmp_path):
     assert done["recomputed_steps"] == 1  # step 3 was in flight on worker0: done again
     assert done["recovery_seconds"] == 2.0 and done["survivor_gap_seconds"] == {"0": 2.5}
     assert driver.job.recovery.current is None
+    assert StartLocalSpare() in driver.actions  # the spares are topped up after it
 
 
 def test_a_recovery_with_no_spare_coming_is_abandoned_naming_the_step_in_flight(tmp_path):

@@ -20,7 +20,7 @@ from torchrelay.control.planner import (
     plan_recovery,
 )
 from torchrelay.control.protocol import Plan
-from torchrelay.control.spares import ready_spares, top_up
+from torchrelay.control.spares import ready_spares
 from torchrelay.control.state import JobState, Member, MemberState, RecoveryStep, Round, move
 from torchrelay.control.verdicts import recovery_deadline
 
@@ -102,4 +102,4 @@ def announce(
         replaced={str(k): v for k, v in plan.replaced.items()},
         lost_steps=plan.lost_steps,
     )
-    return [*actions, Record(planned), *top_up(job, config, 0)]
+    return [*actions, Record(planned)]

@@ -239,7 +239,11 @@ def _await_done(
     recovery.replans = 0
     actions.append(_recovery_done(job, current))
     recovery.current = None
-    actions += finish_if_all_done(job)
+    finished = finish_if_all_done(job)
+    # The spares this round used are replaced only now: a refill started with the plan would
+    # take CPU from the communicator, the transfer and the first step (~0.1 s of it, forked
+    # from the template; seconds, started fresh). A failure meanwhile starts what it needs.
+    actions += finished or top_up(job, config, 0)
     return None
 
 
