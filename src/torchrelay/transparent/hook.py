@@ -15,6 +15,9 @@ torchrun DDP script runs on the relay:
   LR scheduler ``step()`` and ``GradScaler.update()`` do nothing, its RNG, sampler positions and
   DDP buffers go back to the boundary, and the worker recovers (a new generation of the
   communicator) before the script's loop fetches the same batch again.
+- every boundary snapshot's RNG streams are mirrored to the slot's file; a clone that takes a
+  dead slot takes that slot's data share (:func:`sampler.retarget`) and its RNG streams
+  (:mod:`torchrelay.transparent.slot_rng`).
 - ``dist.destroy_process_group()`` (or, without it, the script's normal end) reports the job's
   last step done and waits for the job's end.
 
