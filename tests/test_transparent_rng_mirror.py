@@ -206,3 +206,15 @@ def test_a_mirror_that_cannot_be_opened_is_said_once(tmp_path: Path) -> None:
     assert [what for what, _ in warnings] == [WARNING_KIND, WARNING_KIND]
     assert "cannot be mirrored" in warnings[0][1]
     assert "mirror file cannot be opened" in warnings[1][1]
+
+
+def test_a_write_that_fails_is_said_once_and_the_training_goes_on(tmp_path: Path) -> None:
+    warnings: list[tuple[str, str]] = []
+    streams = SlotStreams(fake_relay(tmp_path, 0, warnings))  # type: ignore[arg-type]
+    assert streams.mirror is not None
+    os.close(streams.mirror.fd)  # the file is gone from under it (EBADF on the next write)
+    streams.record(Boundary.take([]), 0, Point.SETUP)
+    streams.record(Boundary.take([]), 1, Point.FETCH)
+    assert streams.mirror is None
+    [(what, line)] = warnings
+    assert what == WARNING_KIND and "slot 0's random streams cannot be mirrored" in line

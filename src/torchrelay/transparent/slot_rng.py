@@ -63,7 +63,7 @@ class SlotStreams:
             return
         try:
             self.mirror.write(boundary, step, point)
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # a full disk; a state that is not MT19937
             slot = self.mirror.slot
             self._close()
             self._lost(slot, exc)
@@ -85,7 +85,7 @@ class SlotStreams:
             if self.mirror is None:
                 raise MirrorError("its mirror file cannot be opened")
             self.mirror.find(step, point).apply()
-        except MirrorError as exc:
+        except (MirrorError, OSError) as exc:
             self.relay._warn(
                 f"torchrelay: slot {slot}'s random streams are not mirrored here ({exc}); its "
                 "copy goes on with its donor's (its random draws differ from a failure-free "
@@ -113,11 +113,12 @@ class SlotStreams:
                 self.mirror.close()
             self.mirror = None
 
-    def _lost(self, slot: int, exc: OSError) -> None:
+    def _lost(self, slot: int, exc: Exception) -> None:
         if not self._warned:
             self._warned = True
             self.relay._warn(
                 f"torchrelay: slot {slot}'s random streams cannot be mirrored "
-                f"({exc.strerror or exc}); a copy that replaces it would keep its donor's",
+                f"({getattr(exc, 'strerror', None) or exc}); a copy that replaces it would "
+                "keep its donor's",
                 what=WARNING_KIND,
             )
