@@ -32,3 +32,4 @@ def test_one_pair_yields_ratios_and_the_hooks_timings(tmp_path: Path) -> None:
     assert hook["_commit"]["calls"] == 30  # one commit per optimizer step
     # One boundary snapshot per step (taken before its first fetch), plus setup's.
     assert 30 <= hook["Boundary.take"]["calls"] <= 34
+    assert hook["SlotStreams.record"]["calls"] == hook["Boundary.take"]["calls"]  # its mirror

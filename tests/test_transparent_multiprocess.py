@@ -157,6 +157,28 @@ def test_a_killed_worker_is_cloned_and_a_drained_one_migrated(tmp_path, torchrun
     assert job_processes(run_dir) == []  # no clone, no nsinit left behind
 
 
+def test_a_clone_goes_on_with_the_dead_ranks_own_random_streams(tmp_path, torchrun) -> None:
+    """Each rank seeded apart, dropout and augmentations drawn from torch, numpy and random:
+    rank 1 SIGKILLed mid-epoch is rebuilt from a clone of rank 0 that takes rank 1's mirrored
+    streams (transparent/rng_mirror.py); with its donor's, the weights would differ."""
+    run_dir, script, step = tmp_path / "run", (*PLAIN, "--augment"), PER_EPOCH + 5
+    job = transparent_job(run_dir, *script, chaos=f"kill:rank=1:step={step}")
+    assert job.returncode == 0, job.output
+    ledger = job.ledger()
+    [cloned] = [e for e in ledger if e["event"] == "replica_cloned"]
+    assert (cloned["donor"], cloned["slot"]) == ("worker0", 1)
+    # The step everyone redoes starts at its first fetch: the dead rank's record of that place.
+    assert f"slot 1 goes on with its own random streams (mirrored at step {step}, fetch)" in (
+        job.output
+    )
+    assert [e for e in ledger if e.get("what") == "rng_not_mirrored"] == []
+    [recovered] = [e for e in ledger if e["event"] == "recovery_done"]
+    assert (recovered["lost_steps"], recovered["recomputed_steps"]) == (0, 1)
+    assert job.summary()["steps_committed"] == 3 * PER_EPOCH
+    assert_bitwise_equal(job.weights(), torchrun(*script), job)
+    assert job_processes(run_dir) == []
+
+
 def test_a_loader_with_worker_processes_is_refused_in_one_line(tmp_path) -> None:
     script = tmp_path / "prefetching.py"
     script.write_text(

@@ -34,8 +34,8 @@ FEATURES = 256
 
 def _time_hook(spent: dict[str, list[float]]) -> None:
     """Wraps the hook's per-step entry points (only where the hook is installed): the commit
-    (which takes the next step's boundary snapshot), the snapshot before the first fetch, and
-    the snapshot itself; each call's seconds go to ``spent``."""
+    (which takes the next step's boundary snapshot), the snapshot before the first fetch, the
+    snapshot itself and its RNG mirror's write; each call's seconds go to ``spent``."""
     hook = sys.modules.get("torchrelay.transparent.hook")
     if hook is None:
         return
@@ -56,6 +56,8 @@ def _time_hook(spent: dict[str, list[float]]) -> None:
         setattr(worker, name, timed(name, getattr(worker, name)))
     # The snapshot alone (taken inside _commit, and in _before_fetch); a bound classmethod.
     hook.Boundary.take = staticmethod(timed("Boundary.take", hook.Boundary.take))
+    streams = hook.SlotStreams
+    streams.record = timed("SlotStreams.record", streams.record)  # type: ignore[method-assign]
 
 
 def main() -> None:

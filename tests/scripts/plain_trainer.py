@@ -3,12 +3,18 @@ torchrelay: its own Trainer class, a DistributedSampler, epochs, dropout, an LR 
 gradient accumulation, its own snapshot file, and destroy_process_group() at the end. Run it with
 ``torchrun --nproc-per-node 2 plain_trainer.py --out w.pt`` or, unchanged, with
 ``torchrelay run --transparent --nproc-per-node 2 --spares 0 plain_trainer.py --out w.pt``.
+
+With ``--augment``, each rank seeds torch, numpy and ``random`` with its own seed (as scripts
+do for diverse dropout masks and augmentations) and every batch is augmented with draws from
+all three.
 """
 
 import argparse
 import contextlib
 import os
+import random
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -17,8 +23,9 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 
 class Trainer:
-    def __init__(self, model, loader, optimizer, scheduler, snapshot_path, accumulate):
+    def __init__(self, model, loader, optimizer, scheduler, snapshot_path, accumulate, augment):
         self.rank = int(os.environ["LOCAL_RANK"])
+        self.augment = augment
         self.model = DDP(model)
         self.loader = loader
         self.optimizer = optimizer
@@ -31,7 +38,13 @@ class Trainer:
             self.model.module.load_state_dict(snapshot["model"])
             self.epochs_run = snapshot["epochs_run"]
 
+    def _augmented(self, source):
+        noise = torch.from_numpy(np.random.normal(0.0, 0.05, source.shape).astype(np.float32))
+        return source * random.uniform(0.9, 1.1) + 0.05 * torch.randn_like(source) + noise
+
     def _run_batch(self, source, targets, last_micro_batch):
+        if self.augment:
+            source = self._augmented(source)
         # Gradient accumulation: only the last micro-batch of a step all-reduces.
         with contextlib.nullcontext() if last_micro_batch else self.model.no_sync():
             loss = F.mse_loss(self.model(source), targets) / self.accumulate
@@ -64,6 +77,7 @@ def main():
     parser.add_argument("--accumulate", type=int, default=1, help="micro-batches per step")
     parser.add_argument("--snapshot", default=None)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--augment", action="store_true", help="seed each rank apart, augment")
     args = parser.parse_args()
 
     dist.init_process_group(backend="gloo")
@@ -77,7 +91,14 @@ def main():
     )
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=10, gamma=0.5)
-    trainer = Trainer(model, loader, optimizer, scheduler, args.snapshot, args.accumulate)
+    if args.augment:
+        rank = dist.get_rank()
+        torch.manual_seed(1000 + rank)
+        np.random.seed(2000 + rank)
+        random.seed(3000 + rank)
+    trainer = Trainer(
+        model, loader, optimizer, scheduler, args.snapshot, args.accumulate, args.augment
+    )
     trainer.train(args.epochs)
     if dist.get_rank() == 0 and args.out:
         torch.save(trainer.model.module.state_dict(), args.out)

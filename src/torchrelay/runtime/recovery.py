@@ -80,7 +80,7 @@ class Recovery:
     _layout_shared: int
     _sums: ChunkSums | None
     _current_step: int | None
-    # Called with a new slot (transparent mode's clone re-targets its samplers to it).
+    # Called with a new slot (transparent mode's clone takes its samplers and RNG streams).
     on_slot: Callable[[int], None] | None
 
     def _bind(

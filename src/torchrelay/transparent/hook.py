@@ -15,6 +15,9 @@ torchrun DDP script runs on the relay:
   LR scheduler ``step()`` and ``GradScaler.update()`` do nothing, its RNG, sampler positions and
   DDP buffers go back to the boundary, and the worker recovers (a new generation of the
   communicator) before the script's loop fetches the same batch again.
+- every boundary snapshot's RNG streams are mirrored to the slot's file; a clone that takes a
+  dead slot takes that slot's data share (:func:`sampler.retarget`) and its RNG streams
+  (:mod:`torchrelay.transparent.slot_rng`).
 - ``dist.destroy_process_group()`` (or, without it, the script's normal end) reports the job's
   last step done and waits for the job's end.
 
@@ -51,6 +54,8 @@ from torchrelay.runtime import relay as relay_module
 from torchrelay.runtime.ddp import fix_buckets
 from torchrelay.transparent import sampler
 from torchrelay.transparent.boundary import Boundary
+from torchrelay.transparent.rng_mirror import Point
+from torchrelay.transparent.slot_rng import SlotStreams
 
 
 class TransparentError(RuntimeError):
@@ -70,17 +75,19 @@ class TransparentWorker:
         self._finished = False
         self._fetched = False  # the step in flight has fetched from a DistributedSampler
         self._boundary: Boundary | None = None
+        self._at: tuple[int, Point] | None = None  # where _boundary was taken
+        self.streams = SlotStreams(relay)
         sampler.before_next = self._before_fetch
-        relay.on_slot = sampler.retarget  # a clone takes its dead slot's share of the data
+        relay.on_slot = self._take_slot
         relay._send(MaxSteps(max_steps=OPEN_ENDED))  # the script decides where it ends
-        self._begin(0)
+        self._begin(0, Point.SETUP)
 
     # ------------------------------------------------------------ what the script does
     def on_setup(self) -> None:
         """A DDP module or an optimizer was built: before the first step, the boundary of
         step 0 moves here (the script may have seeded its RNG after init_process_group)."""
         if not self._started:
-            self._begin(self.relay.committed + 1)
+            self._begin(self.relay.committed + 1, Point.SETUP)
 
     def on_forward(self) -> None:
         self._started = True
@@ -88,7 +95,7 @@ class TransparentWorker:
         if self._boundary is None:
             # The step before fetched from a DistributedSampler and this one did not (the
             # script left its loader loop): its snapshot is taken here, the latest safe point.
-            self._boundary = Boundary.take(list(self.modules))
+            self._snapshot(self.relay._current_step, Point.FORWARD)
         self.relay._maybe_fire("forward")
 
     def _before_fetch(self) -> None:
@@ -99,7 +106,7 @@ class TransparentWorker:
         if not self._fetched:
             self._fetched = True
             self.voided = False
-            self._boundary = Boundary.take(list(self.modules))
+            self._snapshot(self.relay._current_step, Point.FETCH)
 
     def optimizer_step(self, run: Callable[[], Any]) -> Any:
         """The step boundary: commit the step (``run`` applies the optimizer) or void it."""
@@ -125,16 +132,30 @@ class TransparentWorker:
             pass  # a recovery was served meanwhile; report done again
 
     # ------------------------------------------------------------ boundary
-    def _begin(self, step: int, snapshot: bool = True) -> None:
-        """Start ``step``; its boundary snapshot now, unless ``snapshot`` is false: the step
-        will take it before its first fetch (:meth:`_before_fetch`) or, failing that, at its
-        first forward (:meth:`on_forward`)."""
+    def _begin(self, step: int, point: Point, snapshot: bool = True) -> None:
+        """Start ``step`` at ``point``; its boundary snapshot now, unless ``snapshot`` is false:
+        the step will take it before its first fetch (:meth:`_before_fetch`) or, failing that,
+        at its first forward (:meth:`on_forward`)."""
         relay = self.relay
         relay.guard.begin_step()
         relay._current_step = step
         self._fetched = False
-        self._boundary = Boundary.take(list(self.modules)) if snapshot else None
+        self._boundary = None
+        if snapshot:
+            self._snapshot(step, point)
         relay.timer.start()
+
+    def _snapshot(self, step: int | None, point: Point) -> None:
+        """Take the boundary snapshot of ``step`` at ``point`` and mirror its RNG streams to
+        this slot's file (:mod:`rng_mirror`). A clone that has just taken a slot first adopts
+        the streams the slot's dead rank recorded at the same place: from here on it draws
+        what the dead rank would have drawn."""
+        if step is None:  # after the script's training: nothing of it is redone or cloned
+            self._boundary, self._at = Boundary.take(list(self.modules)), None
+            return
+        self.streams.adopt_due(step, point)
+        self._boundary, self._at = Boundary.take(list(self.modules)), (step, point)
+        self.streams.record(self._boundary, step, point)
 
     def _commit(self, step: int) -> None:
         relay = self.relay
@@ -148,13 +169,14 @@ class TransparentWorker:
         # A loop over a DistributedSampler's loader snapshots again before the next step's
         # first fetch, which replaces this one: taking both would double the hook's per-step
         # cost (the numpy RNG state alone takes ~100 µs to read).
-        self._begin(step + 1, snapshot=not self._fetched)
+        self._begin(step + 1, Point.COMMIT, snapshot=not self._fetched)
 
     def _void(self, step: int) -> None:
         relay = self.relay
         relay._current_step = None
         relay.timer.abandon()
-        assert self._boundary is not None
+        assert self._boundary is not None and self._at is not None
+        point = self._at[1]  # the loop redoes the step from where its snapshot was taken
         self._boundary.restore(list(self.optimizers))
         self.voided = True
         print(
@@ -164,7 +186,13 @@ class TransparentWorker:
             flush=True,
         )
         relay._recover(in_flight=step)
-        self._begin(step)
+        self._begin(step, point)
+
+    def _take_slot(self, slot: int) -> None:
+        """This process (a clone) now holds ``slot``: every ``DistributedSampler`` yields that
+        slot's share of the data; its next snapshot adopts the slot's mirrored RNG streams."""
+        sampler.retarget(slot)
+        self.streams.take(slot)
 
 
 _worker: TransparentWorker | None = None
