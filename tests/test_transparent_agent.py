@@ -8,6 +8,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from tests.jobs import SCRIPTS
 from tests.snapshots import require_criu
 from torchrelay.agent.agent import NodeAgent
 from torchrelay.config import JobConfig
+from torchrelay.transparent import nsinit
 from torchrelay.transparent.park import Instruction, Kind
 
 pytestmark = pytest.mark.slow
@@ -109,3 +111,46 @@ def test_stop_reaches_a_clone(tmp_path: Path) -> None:
     assert time.monotonic() - started < 60, "SIGTERM, not the SIGKILL after the grace"
     assert codes["worker0"] == [-signal.SIGTERM]
     assert codes["spare0"] == [-signal.SIGTERM], codes
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "X"  # gone
+
+
+def _tree(outer: int) -> nsinit.Tree | None:
+    try:
+        return nsinit.tree(outer)
+    except OSError:
+        return None  # not started yet
+
+
+def _until(condition: Callable[[], bool], what: str, timeout: float = 60) -> None:
+    """Wait for a state (polled; the timeout is a safety net, never the pace)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
+def test_a_hang_drill_stops_the_worker_and_its_fence_ends_its_namespace(tmp_path: Path) -> None:
+    """The worker runs under an nsinit outer, in a PID namespace of its own: SIGSTOP (which no
+    handler can forward) still reaches the worker, and the SIGKILL of its outer ends it all."""
+    agent, exits = _agent(tmp_path, "100000", "-1", "0.05")
+    try:
+        agent.start_workers()
+        outer = agent.pid("worker0")
+        assert outer is not None
+        _until(lambda: _tree(outer) is not None, "no worker started")
+        tree = nsinit.tree(outer)
+        agent.kill("worker0", signal.SIGSTOP)
+        _until(lambda: _state(tree.worker) == "T", "the worker was not stopped")
+        assert _state(tree.init) != "T", "its init stays awake"
+        agent.kill("worker0")  # the fence
+        codes = exits.wait({"worker0"})
+        _until(lambda: _state(tree.init) in "XZ" and _state(tree.worker) in "XZ", "left behind")
+    finally:
+        agent.kill_all()
+    assert codes == {"worker0": [-signal.SIGKILL]}

@@ -285,6 +285,8 @@ class NodeAgent(Copying):
         proc = self._procs.get(process)
         if proc is not None and proc.poll() is None:
             signal_group(proc.pid, signum)
+            if signum == signal.SIGSTOP and self.config.transparent:
+                self.stop_worker(proc.pid)  # no handler forwards SIGSTOP
 
     def watch_health(self, deliver: Callable[[tuple[dict[str, Any], ...]], None]) -> None:
         """Poll this node's health sources every ``--health-poll`` seconds (0: never) and give
