@@ -30,14 +30,18 @@ class Worker:
         return Parked(self.process.pid, self.channel, self.channel.wait_parked(TOKEN))
 
 
-def start_worker(script: str, *args: str, token: str = TOKEN) -> Worker:
+def start_worker(
+    script: str, *args: str, token: str = TOKEN, own_pid_namespace: bool = True
+) -> Worker:
     """Start ``tests/scripts/SCRIPT ARGS`` as a job process with a park channel, under
-    :mod:`nsinit` in a PID namespace of its own; its stdout and stderr merged on one pipe, like
-    the agent's workers."""
+    :mod:`nsinit` in a PID namespace of its own as the agent does (``own_pid_namespace``: not
+    needed to test the park protocol alone, which then runs without root); its stdout and
+    stderr merged on one pipe, like the agent's workers."""
     channel = Channel.open()
     env = {**os.environ, "TORCHRELAY_TOKEN": token, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-u", str(SCRIPTS / script), *args]
     process = spawn(
-        worker_command([sys.executable, "-u", str(SCRIPTS / script), *args]),
+        worker_command(command) if own_pid_namespace else command,
         env={**env, **channel.environment()},
         pass_fds=channel.child_fds,
         stdout=subprocess.PIPE,
