@@ -5,7 +5,10 @@ delivered."""
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -18,6 +21,7 @@ from tests.snapshots import require_criu
 from torchrelay.agent.agent import NodeAgent
 from torchrelay.config import JobConfig
 from torchrelay.transparent import nsinit
+from torchrelay.transparent.launch import worker_command
 from torchrelay.transparent.park import Instruction, Kind
 
 pytestmark = pytest.mark.slow
@@ -154,3 +158,30 @@ def test_a_hang_drill_stops_the_worker_and_its_fence_ends_its_namespace(tmp_path
     finally:
         agent.kill_all()
     assert codes == {"worker0": [-signal.SIGKILL]}
+
+
+def test_a_worker_reports_the_pid_its_node_sees(tmp_path: Path) -> None:
+    """In its own PID namespace a worker is PID 2; what it reports (``host_pid``, the pid of
+    ``torchrelay status``) is the node's PID of the same process."""
+    code = (
+        "import os, sys\n"
+        "from torchrelay.runtime.env import host_pid\n"
+        "print(os.getpid(), host_pid(), flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    worker = subprocess.Popen(
+        worker_command([sys.executable, "-c", code]),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        start_new_session=True,
+    )
+    try:
+        assert worker.stdout is not None and worker.stdin is not None
+        own, reported = worker.stdout.readline().split()
+        assert (int(own), int(reported)) == (2, nsinit.tree(worker.pid).worker)
+        worker.stdin.close()
+        assert worker.wait(timeout=60) == 0
+    finally:
+        worker.kill()
+        worker.wait()
