@@ -14,6 +14,7 @@ from tests.jobs import SCRIPTS
 from torchrelay.agent.spawn import spawn
 from torchrelay.transparent import criu
 from torchrelay.transparent.cloner import Parked
+from torchrelay.transparent.launch import worker_command
 from torchrelay.transparent.park import Channel
 
 TOKEN = "snapshot-test-token"
@@ -29,13 +30,18 @@ class Worker:
         return Parked(self.process.pid, self.channel, self.channel.wait_parked(TOKEN))
 
 
-def start_worker(script: str, *args: str, token: str = TOKEN) -> Worker:
-    """Start ``tests/scripts/SCRIPT ARGS`` as a job process with a park channel; its stdout and
+def start_worker(
+    script: str, *args: str, token: str = TOKEN, own_pid_namespace: bool = True
+) -> Worker:
+    """Start ``tests/scripts/SCRIPT ARGS`` as a job process with a park channel, under
+    :mod:`nsinit` in a PID namespace of its own as the agent does (``own_pid_namespace``: not
+    needed to test the park protocol alone, which then runs without root); its stdout and
     stderr merged on one pipe, like the agent's workers."""
     channel = Channel.open()
     env = {**os.environ, "TORCHRELAY_TOKEN": token, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-u", str(SCRIPTS / script), *args]
     process = spawn(
-        [sys.executable, "-u", str(SCRIPTS / script), *args],
+        worker_command(command) if own_pid_namespace else command,
         env={**env, **channel.environment()},
         pass_fds=channel.child_fds,
         stdout=subprocess.PIPE,

@@ -5,9 +5,13 @@ delivered."""
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -16,6 +20,8 @@ from tests.jobs import SCRIPTS
 from tests.snapshots import require_criu
 from torchrelay.agent.agent import NodeAgent
 from torchrelay.config import JobConfig
+from torchrelay.transparent import nsinit
+from torchrelay.transparent.launch import worker_command
 from torchrelay.transparent.park import Instruction, Kind
 
 pytestmark = pytest.mark.slow
@@ -109,3 +115,73 @@ def test_stop_reaches_a_clone(tmp_path: Path) -> None:
     assert time.monotonic() - started < 60, "SIGTERM, not the SIGKILL after the grace"
     assert codes["worker0"] == [-signal.SIGTERM]
     assert codes["spare0"] == [-signal.SIGTERM], codes
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "X"  # gone
+
+
+def _tree(outer: int) -> nsinit.Tree | None:
+    try:
+        return nsinit.tree(outer)
+    except OSError:
+        return None  # not started yet
+
+
+def _until(condition: Callable[[], bool], what: str, timeout: float = 60) -> None:
+    """Wait for a state (polled; the timeout is a safety net, never the pace)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
+def test_a_hang_drill_stops_the_worker_and_its_fence_ends_its_namespace(tmp_path: Path) -> None:
+    """The worker runs under an nsinit outer, in a PID namespace of its own: SIGSTOP (which no
+    handler can forward) still reaches the worker, and the SIGKILL of its outer ends it all."""
+    agent, exits = _agent(tmp_path, "100000", "-1", "0.05")
+    try:
+        agent.start_workers()
+        outer = agent.pid("worker0")
+        assert outer is not None
+        _until(lambda: _tree(outer) is not None, "no worker started")
+        tree = nsinit.tree(outer)
+        agent.kill("worker0", signal.SIGSTOP)
+        _until(lambda: _state(tree.worker) == "T", "the worker was not stopped")
+        assert _state(tree.init) != "T", "its init stays awake"
+        agent.kill("worker0")  # the fence
+        codes = exits.wait({"worker0"})
+        _until(lambda: _state(tree.init) in "XZ" and _state(tree.worker) in "XZ", "left behind")
+    finally:
+        agent.kill_all()
+    assert codes == {"worker0": [-signal.SIGKILL]}
+
+
+def test_a_worker_reports_the_pid_its_node_sees(tmp_path: Path) -> None:
+    """In its own PID namespace a worker is PID 2; what it reports (``host_pid``, the pid of
+    ``torchrelay status``) is the node's PID of the same process."""
+    code = (
+        "import os, sys\n"
+        "from torchrelay.runtime.env import host_pid\n"
+        "print(os.getpid(), host_pid(), flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    worker = subprocess.Popen(
+        worker_command([sys.executable, "-c", code]),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        start_new_session=True,
+    )
+    try:
+        assert worker.stdout is not None and worker.stdin is not None
+        own, reported = worker.stdout.readline().split()
+        assert (int(own), int(reported)) == (2, nsinit.tree(worker.pid).worker)
+        worker.stdin.close()
+        assert worker.wait(timeout=60) == 0
+    finally:
+        worker.kill()
+        worker.wait()

@@ -3,12 +3,9 @@ live replica, a drained worker moved into a copy of itself, and the ways they gi
 
 from __future__ import annotations
 
-import pytest
-
 from tests.fsm import Driver
 from torchrelay.control import handover, transparent
 from torchrelay.control.actions import CloneReplica, MigrateWorker
-from torchrelay.control.errors import ProtocolError
 from torchrelay.control.state import MemberState
 from torchrelay.events_criu import CopyFailed, ReplicaCloned, WorkerMigrated
 
@@ -177,9 +174,41 @@ def test_a_migration_that_never_ends_fails_the_job(tmp_path):
     assert outcome is not None and "migration of slot(s) [1]" in outcome["reason"]
 
 
-def test_a_drain_of_a_clone_is_refused_in_one_line(tmp_path):
+def recovered(tmp_path) -> Driver:
+    """A --transparent job after one recovery: worker1 died, spare0 (a clone of worker0) holds
+    slot 1 and the job is at step 11."""
     driver = started(tmp_path)
-    driver.job.members["worker1"].role = driver.job.members["worker1"].role.SPARE
-    with pytest.raises(ProtocolError, match=r"slot\(s\) \[1\] .* run in a clone"):
-        transparent.check_drain(driver.job, [1])
-    transparent.check_drain(driver.job, [0])  # an original worker moves
+    driver.exit("worker1", -9)
+    driver.advance()
+    driver.report("worker0", "halted", committed=10, in_flight=11)
+    driver.take(transparent.copied(driver.job, cloned(driver, "worker0", 1)))
+    driver.advance()
+    driver.join("spare0", role="spare")
+    driver.report("spare0", "ready")
+    driver.advance()
+    driver.now += 1
+    for process in ("worker0", "spare0"):
+        driver.report(process, "progress", step=11, first_after_recovery=True, t=driver.now)
+    assert driver.advance() is None and driver.events("recovery_done")
+    return driver
+
+
+def test_a_copy_is_the_donor_when_it_is_the_only_survivor(tmp_path):
+    driver = recovered(tmp_path)
+    driver.exit("worker0", -9)
+    driver.advance()
+    clone = ordered(driver, CloneReplica)[-1]
+    assert (clone.donor, clone.slot) == ("spare0", 0)
+    assert {"type": "park", "generation": driver.job.generation} in driver.sent("spare0")
+    assert driver.outcome() is None
+
+
+def test_a_drain_of_a_slot_held_by_a_copy_moves_the_copy(tmp_path):
+    driver = recovered(tmp_path)
+    driver.take(handover.request(driver.job, [1], "drain", driver.now, driver.now))
+    driver.advance()
+    for process in ("worker0", "spare0"):
+        driver.report(process, "halted", committed=27)
+    driver.advance()
+    [move] = ordered(driver, MigrateWorker)
+    assert (move.process, move.slot) == ("spare0", 1)

@@ -15,7 +15,7 @@ from torchrelay.transparent.park import Instruction, Kind, ParkError
 
 
 def test_parked_worker_continues_on_its_instruction() -> None:
-    worker = start_worker("park_toy.py", "4", "2")
+    worker = start_worker("park_toy.py", "4", "2", own_pid_namespace=False)
     parked = worker.park()
     assert parked.notice.pid == worker.process.pid
     worker.channel.instruct(parked.notice, Instruction(Kind.CONTINUE, generation=1), TOKEN)
@@ -40,7 +40,7 @@ def _another_park(nonce: str) -> bytes:
     ids=["forged", "another-park", "malformed", "agent-gone"],
 )
 def test_worker_refuses_what_is_not_its_instruction(answer, refusal: str) -> None:
-    worker = start_worker("park_toy.py", "4", "1")
+    worker = start_worker("park_toy.py", "4", "1", own_pid_namespace=False)
     parked = worker.park()
     if answer is None:
         worker.channel.close()

@@ -18,7 +18,7 @@ import pytest
 from tests.jobs import SCRIPTS
 from tests.snapshots import TOKEN, output, require_criu, start_worker
 from torchrelay.transparent import cloner, criu
-from torchrelay.transparent.park import Channel, Instruction, Kind
+from torchrelay.transparent.park import Instruction, Kind
 
 pytestmark = pytest.mark.slow
 CONTINUE = Instruction(Kind.CONTINUE, generation=1)
@@ -111,31 +111,41 @@ def test_launcher_death_kills_its_clones(tmp_path: Path) -> None:
             launcher.wait()
 
 
-def test_restore_in_this_pid_namespace_takes_the_same_pid(tmp_path: Path) -> None:
-    """Without a fresh namespace (a restore where the PID is free: another host, or here once
-    the original is reaped) the process comes back under its own PID, its exit status intact."""
+def test_a_copy_is_copied_again_and_moved(tmp_path: Path) -> None:
+    """A copy runs in a PID namespace of its own, like the original: it can be a donor (a clone
+    of a clone) and be migrated, each copy going on exactly where its source parked."""
     require_criu()
-    worker = start_worker("park_toy.py", "6", "3")
+    reference = _reference("park_toy.py", "9", "-1")
+    worker = start_worker("park_toy.py", "9", "2,4,6")
     parked = worker.park()
-    names = criu.fd_names(parked.pid, [1, *worker.channel.child_fds])
-    stats = criu.dump(parked.pid, tmp_path / "images", leave_running=False)
-    assert worker.process.wait(timeout=60) == -signal.SIGKILL
-    channel = Channel.open()
-    old_fds, new_fds = worker.channel.child_fds, channel.child_fds
-    inherit = {names[1]: 1, names[old_fds[0]]: new_fds[0], names[old_fds[1]]: new_fds[1]}
-    restored = criu.restore(
-        stats.images_dir,
-        fresh_pid_namespace=False,
-        inherit_fds=inherit,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    channel.close_child_ends()
-    assert restored.pid == restored.ns_pid == parked.pid
-    channel.instruct(parked.notice, Instruction(Kind.BECOME, 2, slot=6), TOKEN)
-    lines, status = output(restored.process)
-    assert lines[0] == "instruction become 6" and status == 6
-    channel.close()
+    first = cloner.clone(parked, tmp_path)  # at step 2
+    first.channel.instruct(first.notice, Instruction(Kind.BECOME, 2, slot=1), TOKEN)
+    worker.channel.instruct(parked.notice, CONTINUE, TOKEN)
+    for _step in (4, 6):  # the original parks there too, and just goes on
+        worker.channel.instruct(worker.channel.wait_parked(TOKEN), CONTINUE, TOKEN)
+    parked = _parked(first)  # at step 4: the copy is the donor
+    second = cloner.clone(parked, tmp_path)
+    second.channel.instruct(second.notice, Instruction(Kind.BECOME, 3, slot=2), TOKEN)
+    first.channel.instruct(parked.notice, CONTINUE, TOKEN)
+    moved = cloner.migrate(_parked(first), tmp_path)  # at step 6: the copy moves
+    moved.channel.instruct(moved.notice, CONTINUE, TOKEN)
+    second.channel.instruct(second.channel.wait_parked(TOKEN), CONTINUE, TOKEN)  # at 6
+    first_lines, first_status = output(first.process)
+    second_lines, second_status = output(second.process)
+    moved_lines, moved_status = output(moved.process)
+    worker_lines, worker_status = output(worker.process)
+    assert _steps(worker_lines) == reference and worker_status == 0
+    assert first_lines[0] == "instruction become 1" and first_status == -signal.SIGKILL
+    assert _steps(first_lines) == reference[2:6]
+    assert second_lines[:2] == ["instruction become 2", reference[4]]
+    assert _steps(second_lines) == reference[4:] and second_status == 2
+    assert moved_lines[0] == "instruction continue 1"
+    assert _steps(moved_lines) == reference[6:] and moved_status == 1
+
+
+def _parked(copy: cloner.Clone) -> cloner.Parked:
+    """A copy parked again (it told its channel so): ready to be copied."""
+    return cloner.Parked(copy.process.pid, copy.channel, copy.channel.wait_parked(TOKEN))
 
 
 def test_a_failed_dump_is_one_line_and_leaves_the_process_running(tmp_path: Path) -> None:

@@ -31,7 +31,7 @@ from torchrelay.config import JobConfig
 from torchrelay.health import quarantine
 from torchrelay.health.poller import HealthPoller, node_sources
 from torchrelay.health.readings import Reading
-from torchrelay.transparent.launch import worker_environment
+from torchrelay.transparent.launch import worker_command, worker_environment
 from torchrelay.transparent.park import Channel, Notice
 
 ExitCallback = Callable[[str, int], None]
@@ -181,6 +181,8 @@ class NodeAgent(Copying):
     def _spawn(self, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], Channel | None]:
         command = [sys.executable, "-u", self.config.script, *self.config.script_args]
         channel = Channel.open() if self.config.transparent else None
+        if self.config.transparent:
+            command = worker_command(command)
         try:
             proc = spawn(
                 command,
@@ -283,6 +285,8 @@ class NodeAgent(Copying):
         proc = self._procs.get(process)
         if proc is not None and proc.poll() is None:
             signal_group(proc.pid, signum)
+            if signum == signal.SIGSTOP and self.config.transparent:
+                self.stop_worker(proc.pid)  # no handler forwards SIGSTOP
 
     def watch_health(self, deliver: Callable[[tuple[dict[str, Any], ...]], None]) -> None:
         """Poll this node's health sources every ``--health-poll`` seconds (0: never) and give

@@ -7,6 +7,9 @@ park channels (one per process when ``config.transparent``) and its lock.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
 import threading
 from collections.abc import Callable
@@ -16,7 +19,7 @@ from torchrelay.agent import cloning
 from torchrelay.config import JobConfig
 from torchrelay.control.actions import CloneReplica, MigrateWorker
 from torchrelay.event_base import Event
-from torchrelay.transparent import cloner, criu
+from torchrelay.transparent import cloner, criu, nsinit
 from torchrelay.transparent.park import Channel, Instruction, Notice
 
 if TYPE_CHECKING:
@@ -92,6 +95,14 @@ class Copying:
     def migrate_worker(self, action: MigrateWorker) -> Event:
         """Move the process of ``action`` into a copy of itself (see :mod:`agent.cloning`)."""
         return cloning.migrate_worker(self, action)
+
+    @staticmethod
+    def stop_worker(outer: int) -> None:
+        """SIGSTOP the worker under the :mod:`nsinit` outer ``outer`` (a hang drill): the
+        outer's group holds only the outer. Never its init, which must stay awake to end the
+        namespace once the outer is killed (the fence)."""
+        with contextlib.suppress(OSError):  # gone meanwhile: nothing to stop
+            os.kill(nsinit.tree(outer).worker, signal.SIGSTOP)
 
     def _parked_record(self, process: str) -> cloner.Parked:
         with self._lock:

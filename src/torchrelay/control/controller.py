@@ -381,8 +381,6 @@ class Controller(Coordinator, PoolSide):
         slots = [m.slot for m in job.slot_members() if target in (m.node, m.process)]
         if not slots:
             raise ProtocolError(f"{target} holds no slot (processes and nodes can be drained)")
-        if self.config.transparent:  # its workers move by CRIU (see control.transparent)
-            transparent.check_drain(job, slots)  # type: ignore[arg-type]
         reason = f"drain of {target} asked by an operator"
         self._apply(handover.request(job, slots, reason, now, now))  # type: ignore[arg-type]
         return {"drain": target, "slots": slots}

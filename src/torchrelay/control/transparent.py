@@ -14,8 +14,8 @@ coming, so the recovery ends the job with the reason.
 
 A drain (:mod:`handover`) needs no spare either: at the boundary, :func:`migrations` tells each
 drained worker to park and the agent to move it (:class:`MigrateWorker`: dump, CRIU kills the
-original, restore under the same name); the plan then re-forms the same members in a new
-generation, and nothing is redone. Pure functions over the job's state.
+original, restore under the same name; a copy moves like an original); the plan then re-forms
+the same members in a new generation, and nothing is redone. Pure functions over the job's state.
 """
 
 from __future__ import annotations
@@ -23,18 +23,19 @@ from __future__ import annotations
 from torchrelay.config import JobConfig
 from torchrelay.control.actions import Action, CloneReplica, MigrateWorker, Record, Send
 from torchrelay.control.endings import fail
-from torchrelay.control.errors import ProtocolError
 from torchrelay.control.plan_publish import next_step
 from torchrelay.control.protocol import Park
 from torchrelay.control.spares import spare_accounted
-from torchrelay.control.state import JobState, Member, MemberState, RecoveryStep, Role, Round
+from torchrelay.control.state import JobState, Member, MemberState, RecoveryStep, Round
 from torchrelay.event_base import Event
 from torchrelay.events_criu import CopyFailed, ReplicaCloned, WorkerMigrated
 
 
 def donors(job: JobState, survivors: list[Member], needed: int) -> list[Member]:
     """Up to ``needed`` donors, one per failed slot: live survivors on the controller's node,
-    highest slot first (rank 0 is the one a script most often treats specially)."""
+    highest slot first (rank 0 is the one a script most often treats specially). A copy made
+    by an earlier recovery is a donor like any (it runs in a PID namespace of its own, which
+    CRIU dumps with it: :mod:`torchrelay.transparent.nsinit`)."""
     local = [m for m in survivors if m.node == job.local_node and m.state is not MemberState.DEAD]
     local.sort(key=lambda m: -(m.slot or 0))
     return [local[i % len(local)] for i in range(needed)] if local else []
@@ -52,18 +53,6 @@ def clone_for(job: JobState, slots: list[int], survivors: list[Member], now: flo
             CloneReplica(donor.process, slot, job.generation, now),
         ]
     return actions
-
-
-def check_drain(job: JobState, slots: list[int]) -> None:
-    """Refuse (one line) a drain of a slot whose process is itself a copy: it lives in the
-    nested PID namespace of its restore, which CRIU cannot dump again."""
-    by_slot = job.by_slot()
-    copies = sorted(s for s in slots if s in by_slot and by_slot[s].role is Role.SPARE)
-    if copies:
-        raise ProtocolError(
-            f"slot(s) {copies} of this --transparent job run in a clone (a CRIU copy in a "
-            "nested PID namespace), which CRIU cannot dump again to move it; drain another rank"
-        )
 
 
 def migrations(

@@ -54,3 +54,13 @@ class RelayEnv:
             elastic=env.get("TORCHRELAY_ELASTIC") == "1",
             forked="TORCHRELAY_TEMPLATE_PID" in env,
         )
+
+
+def host_pid() -> int:
+    """This process's PID as its node sees it (what an operator can signal or inspect). A
+    transparent-mode worker runs in a PID namespace of its own, where it is PID 2, but shares
+    the node's ``/proc``, whose ``self`` is named by the node's PID."""
+    try:
+        return int(os.readlink("/proc/self"))
+    except (OSError, ValueError):  # no /proc (not Linux): no namespace either
+        return os.getpid()

@@ -33,7 +33,7 @@ from torchrelay.control.protocol import Ready, Report
 from torchrelay.exits import EXIT_CONTROLLER_LOST
 from torchrelay.runtime import default_group
 from torchrelay.runtime.control_link import _leave
-from torchrelay.runtime.env import RelayEnv
+from torchrelay.runtime.env import RelayEnv, host_pid
 from torchrelay.runtime.facade import StableProcessGroup
 from torchrelay.transparent import park
 
@@ -105,6 +105,6 @@ class Parking:
     def _become_spare(self) -> None:
         """A copy: join under the spare's name; the plan gives it its slot and generation."""
         env = self.env
-        joined = self._client.join(env.role, os.getpid(), env.node, None, device=env.local_rank)
+        joined = self._client.join(env.role, host_pid(), env.node, None, device=env.local_rank)
         self.generation, self.rank, self._state_valid = joined.generation, None, False
         self._waiting = Ready()

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import os
 import queue
 import sys
 import threading
@@ -52,7 +51,7 @@ from torchrelay.runtime.data import (
 )
 from torchrelay.runtime.ddp import fix_all_buckets, fix_buckets
 from torchrelay.runtime.devices import select_device
-from torchrelay.runtime.env import RelayEnv
+from torchrelay.runtime.env import RelayEnv, host_pid
 from torchrelay.runtime.facade import StableProcessGroup
 from torchrelay.runtime.guard import StepGuard, guard_optimizer
 from torchrelay.runtime.parking import Parking
@@ -386,7 +385,7 @@ def init(seed: int = 0) -> Relay:
     env = RelayEnv.from_environ()
     failover = failover_for(env.state, env.token)
     client = ControlClient(env.control, env.token, env.process, failover=failover)
-    joined = client.join(env.role, os.getpid(), env.node, env.rank, device=env.local_rank)
+    joined = client.join(env.role, host_pid(), env.node, env.rank, device=env.local_rank)
     relay = Relay(env, client, joined, seed)
     client.on_failover = relay._on_new_leader
     return relay

@@ -8,10 +8,11 @@ kernels >= 6.13). None: :class:`CriuUnavailable`, one line saying what is missin
 
 :func:`dump` snapshots a process tree into an images directory: the worker must hold no socket
 and no io_uring (the hook closes them before it parks; there is no ``--tcp-established``), and
-``--shell-job`` is added for a process that does not lead its session. :func:`restore` brings
-an images directory back to life under :mod:`nsinit` (optionally in a fresh PID namespace, so
-the snapshot's PIDs never clash with living ones), reattaching the snapshot's outside pipes to
-the caller's fds (``--inherit-fd``). Each returns typed stats; each failure is a
+``--shell-job`` is added for a process that does not lead its session. A job process's tree is
+dumped from its PID namespace's init (:mod:`nsinit`). :func:`restore` brings such a snapshot
+back to life in a fresh PID namespace under a new :mod:`nsinit` outer, so the snapshot's PIDs
+never clash with living ones and the copy can be dumped again, reattaching the snapshot's
+outside pipes to the caller's fds (``--inherit-fd``). Each returns typed stats; each failure is a
 :class:`CriuError`: one line with CRIU's first error and the path of its log (kept).
 """
 
@@ -32,10 +33,11 @@ from pathlib import Path
 from typing import Any
 
 from torchrelay.agent.spawn import spawn
+from torchrelay.transparent import nsinit
 
 MIN_VERSION = (4, 1)
 ENV = "TORCHRELAY_CRIU"
-NSINIT = Path(__file__).with_name("nsinit.py")
+NSINIT = Path(nsinit.__file__)
 _SETUP = "run scripts/setup_criu.sh (it builds CRIU 4.1.1 into .venv/criu) or set TORCHRELAY_CRIU"
 _META = "torchrelay-snapshot.json"
 
@@ -76,13 +78,12 @@ class DumpStats:
 
 @dataclass
 class Restored:
-    """A restored process tree: ``process`` is its :mod:`nsinit` wrapper (its exit status is the
-    restored process's; signal it like any job process), ``pid`` the restored root as this
-    process sees it, ``ns_pid`` as it sees itself, ``seconds`` CRIU's restore time."""
+    """A restored process tree: ``process`` is its :mod:`nsinit` outer (its exit status is the
+    restored worker's; signal it like any job process), ``pid`` the restored worker as this
+    process sees it, ``seconds`` CRIU's restore time."""
 
     process: subprocess.Popen[bytes]
     pid: int
-    ns_pid: int
     seconds: float
     log: Path
 
@@ -172,18 +173,21 @@ def images_bytes(images_dir: Path) -> int:
 def restore(
     images_dir: Path,
     *,
-    fresh_pid_namespace: bool,
     inherit_fds: Mapping[str, int],
+    status_pipe: str,
     criu: Criu | None = None,
     timeout: float = 300.0,
     **popen: Any,
 ) -> Restored:
     """Restore the snapshot in ``images_dir`` as a job process (bound to die with this one).
 
-    ``inherit_fds`` maps CRIU's name of an outside resource the snapshot held (``pipe:[123]``,
-    see :func:`fd_names`) to the fd that replaces it: an fd of this process, passed on under the
-    same number, or 1/2 with ``stdout``/``stderr`` in ``popen``. ``fresh_pid_namespace``
-    restores in a new PID namespace, so the snapshot's PIDs may still be in use here (a clone).
+    The snapshot is a job process's tree (:func:`nsinit.tree`: a PID namespace's init and its
+    worker), dumped from its init; CRIU restores it in a fresh PID namespace, so its PIDs may
+    still be in use here (a clone). ``inherit_fds`` maps CRIU's name of an outside resource the
+    snapshot held (``pipe:[123]``, see :func:`fd_names`) to the fd that replaces it: an fd of
+    this process, passed on under the same number, or 1/2 with ``stdout``/``stderr`` in
+    ``popen``. ``status_pipe`` names the init's status pipe (:attr:`nsinit.Tree.status_pipe`),
+    which the new :mod:`nsinit` replaces with its own.
     """
     criu = criu or find_criu()
     meta = json.loads((images_dir / _META).read_text())
@@ -193,11 +197,10 @@ def restore(
     for name, fd in inherit_fds.items():
         command += ["--inherit-fd", f"fd[{fd}]:{name}"]
     report_r, report_w = os.pipe()
-    fresh = str(int(fresh_pid_namespace))
-    wrapper = [sys.executable, "-I", "-S", str(NSINIT), str(report_w), fresh, *command]
+    wrapper = [sys.executable, "-I", "-S", str(NSINIT), "restore", str(report_w), status_pipe]
     passed = sorted({fd for fd in inherit_fds.values() if fd > 2} | {report_w})
     try:
-        process = spawn(wrapper, pass_fds=passed, stdin=subprocess.DEVNULL, **popen)
+        process = spawn([*wrapper, *command], pass_fds=passed, stdin=subprocess.DEVNULL, **popen)
     finally:
         os.close(report_w)
     with os.fdopen(report_r, "rb") as report:
@@ -209,34 +212,20 @@ def restore(
     except ValueError:
         outcome = {"error": "unreadable report"}
     if "error" in outcome:
-        process.kill()  # its namespace's init, and all in it, die with it
+        process.kill()  # the restored init, and all in its namespace, die with it
         process.wait()
         why = _first_error(log) if ready else f"no answer in {timeout:g} s"
         raise RestoreFailed(f"criu restore of {images_dir} failed: {why}; log: {log}", log)
-    host_pid = _restored_host_pid(process.pid, fresh_pid_namespace)
-    if host_pid is None:
+    worker = nsinit.only_child(int(outcome["pid"]))
+    if worker is None:
         process.wait()
         raise RestoreFailed(f"the process restored from {images_dir} died at once", log)
-    return Restored(process, host_pid, int(outcome["pid"]), float(outcome["seconds"]), log)
+    return Restored(process, worker, float(outcome["seconds"]), log)
 
 
 def fd_names(pid: int, fds: list[int]) -> dict[int, str]:
     """CRIU's names (``pipe:[inode]``, ...) of the given fds of process ``pid``."""
     return {fd: os.readlink(f"/proc/{pid}/fd/{fd}") for fd in fds}
-
-
-def _restored_host_pid(wrapper: int, fresh_pid_namespace: bool) -> int | None:
-    # nsinit -> (the namespace's init, its child ->) restored root, once criu has exited.
-    nsinit = _only_child(wrapper) if fresh_pid_namespace else wrapper
-    return None if nsinit is None else _only_child(nsinit)
-
-
-def _only_child(pid: int) -> int | None:
-    try:
-        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    except OSError:
-        return None  # it has exited
-    return int(children[0]) if len(children) == 1 else None
 
 
 def _first_error(log: Path) -> str:

@@ -2,17 +2,20 @@
 
 The workers get :data:`SITE_DIR` (a ``sitecustomize`` that installs :mod:`hook`) first on their
 ``PYTHONPATH``, and ``USE_LIBUV=0``: the c10d TCPStore then uses no io_uring, which a process
-snapshot (CRIU) cannot dump. The options the mode cannot honour are refused before anything
-starts, with one line (:func:`refusal`).
+snapshot (CRIU) cannot dump; and each runs under :mod:`nsinit`, in a PID namespace of its
+own, so that CRIU can dump it (and any copy of it) with that namespace's init. The options the
+mode cannot honour are refused before anything starts, with one line (:func:`refusal`).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
 from torchrelay.config import JobConfig
+from torchrelay.transparent import nsinit
 
 SITE_DIR = Path(__file__).resolve().parent / "site"
 
@@ -25,6 +28,12 @@ def worker_environment(environ: Mapping[str, str]) -> dict[str, str]:
         "USE_LIBUV": "0",
         "TORCHRELAY_TRANSPARENT": "1",
     }
+
+
+def worker_command(command: list[str]) -> list[str]:
+    """``command`` started as a transparent-mode worker: under an :mod:`nsinit` outer (the
+    process its agent supervises), as the child of its own PID namespace's init."""
+    return [sys.executable, "-I", "-S", nsinit.__file__, "launch", *command]
 
 
 def refusal(config: JobConfig, resume: bool) -> str | None:
