@@ -133,26 +133,42 @@ def killed_job(run_dir: Path, script: tuple[str, ...], step: int) -> list[str]:
     return [*command, "--out", str(run_dir / "final.pt")]
 
 
-def test_a_killed_worker_is_cloned_and_a_drained_one_migrated(tmp_path, torchrun) -> None:
-    """The issue's check: rank 1 SIGKILLed mid-epoch is rebuilt from a clone of rank 0; rank 0
-    is then drained and moves into a copy of itself; the job equals torchrun's."""
-    require_criu()
-    run_dir, script = tmp_path / "run", (*PLAIN, "--epochs", str(EPOCHS))
-    step = PER_EPOCH + 5
-    command = killed_job(run_dir, script, step)
+def operator(*args: str) -> None:
+    """An operator's command against the job; it must succeed."""
+    done = cli(*args)
+    assert done.returncode == 0, done.stderr
+
+
+def run_operated(
+    tmp_path: Path, command: list[str], run_dir: Path, operate: Callable[[], None]
+) -> JobResult:
+    """Run the job ``command`` while ``operate`` acts on it (events-paced); the job's result.
+    The job is killed if ``operate`` fails or the job outlives the safety net."""
     with (tmp_path / "output").open("w+") as output:
         job = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, text=True)
         try:
-            await_event(run_dir, "recovery_done", timeout=240)
-            drained = cli("drain", "--run-dir", str(run_dir), "--rank", "0")
-            assert drained.returncode == 0, drained.stderr
+            operate()
             job.wait(timeout=300)
         finally:
             if job.poll() is None:
                 job.kill()
                 job.wait()
         output.seek(0)
-        result = JobResult(job.returncode, output.read(), run_dir)
+        return JobResult(job.returncode, output.read(), run_dir)
+
+
+def test_a_killed_worker_is_cloned_and_a_drained_one_migrated(tmp_path, torchrun) -> None:
+    """The issue's check: rank 1 SIGKILLed mid-epoch is rebuilt from a clone of rank 0; rank 0
+    is then drained and moves into a copy of itself; the job equals torchrun's."""
+    require_criu()
+    run_dir, script = tmp_path / "run", (*PLAIN, "--epochs", str(EPOCHS))
+    step = PER_EPOCH + 5
+
+    def operate() -> None:
+        await_event(run_dir, "recovery_done", timeout=240)
+        operator("drain", "--run-dir", str(run_dir), "--rank", "0")
+
+    result = run_operated(tmp_path, killed_job(run_dir, script, step), run_dir, operate)
     assert result.returncode == 0, result.output
     assert f"step {step} voided" in result.output
     ledger = result.ledger()
@@ -212,24 +228,15 @@ def test_a_copy_is_the_donor_of_a_second_failure_and_moves_when_drained(tmp_path
     torchrun's, and nothing is left behind."""
     require_criu()
     run_dir, script = tmp_path / "run", (*PLAIN, "--epochs", str(EPOCHS))
-    with (tmp_path / "output").open("w+") as output:
-        job = subprocess.Popen(
-            killed_job(run_dir, script, PER_EPOCH + 5), stdout=output, stderr=subprocess.STDOUT
-        )
-        try:
-            await_count(run_dir, "recovery_done", 1, timeout=240)
-            killed = cli("chaos", "--run-dir", str(run_dir), "kill", "--rank", "0")
-            assert killed.returncode == 0, killed.stderr
-            await_count(run_dir, "recovery_done", 2, timeout=240)
-            drained = cli("drain", "--run-dir", str(run_dir), "--rank", "0")
-            assert drained.returncode == 0, drained.stderr
-            job.wait(timeout=300)
-        finally:
-            if job.poll() is None:
-                job.kill()
-                job.wait()
-        output.seek(0)
-        result = JobResult(job.returncode, output.read(), run_dir)
+
+    def operate() -> None:
+        await_count(run_dir, "recovery_done", 1, timeout=240)
+        operator("chaos", "--run-dir", str(run_dir), "kill", "--rank", "0")
+        await_count(run_dir, "recovery_done", 2, timeout=240)
+        operator("drain", "--run-dir", str(run_dir), "--rank", "0")
+
+    command = killed_job(run_dir, script, PER_EPOCH + 5)
+    result = run_operated(tmp_path, command, run_dir, operate)
     assert result.returncode == 0, result.output
     ledger = result.ledger()
     first, second = [e for e in ledger if e["event"] == "replica_cloned"]
