@@ -22,8 +22,9 @@ should then exit.
 
 Around the snapshot the worker's parent-death signal is cleared (CRIU restores it, and the
 restored process's first parent is the short-lived ``criu restore``, whose exit would kill it)
-and set again to SIGKILL once the instruction is read: a clone dies with its new parent (the
-:mod:`nsinit` of its restore, itself bound to the agent), the donor with its old one.
+and set again to SIGKILL once the instruction is read: a clone dies with its new parent (its PID
+namespace's init, restored with it, which ends when its :mod:`nsinit` outer, bound to the
+agent, is gone), the donor with its old one.
 """
 
 from __future__ import annotations
