@@ -34,8 +34,15 @@ def _training(run_dir: Path) -> None:
 
 def _recovering(run_dir: Path) -> None:
     # rank 1 dies in step 5; rank 0, the source of its state, stops itself in that transfer:
-    # spare0 waits for the state, a refill spare (started by the recovery) comes up.
+    # spare0 waits for the state (no refill yet: it starts once the recovery is done).
+    await_event(run_dir, lambda e: e["event"] == "recovery_planned")
     await_event(run_dir, lambda e: e["event"] == "chaos_fired" and e["action"] == "hang")
+
+
+def _refilling(run_dir: Path) -> None:
+    # rank 1 dies in step 5 and spare0 takes its slot; the refill spare the recovery's end
+    # starts has joined (it may still be warming up).
+    await_event(run_dir, lambda e: e["event"] == "recovery_done")
     await_event(run_dir, lambda e: e["event"] == "process_join" and e["process"] == "spare1")
 
 
@@ -47,6 +54,7 @@ def _stopped(run_dir: Path) -> None:
 STATES = {
     "training": ((), _training),
     "recovering": (("kill:rank=1:step=5", "hang:rank=0:step=5:phase=transfer"), _recovering),
+    "refilling": (("kill:rank=1:step=5",), _refilling),
     "stopped": (("hang:rank=1:step=5",), _stopped),
 }
 

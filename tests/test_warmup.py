@@ -5,8 +5,18 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
-from torchrelay.runtime.warmup import dummy_inputs, signature_of, warm_model, warm_optimizer
+from torchrelay.runtime.ddp import fix_buckets
+from torchrelay.runtime.facade import StableProcessGroup
+from torchrelay.runtime.guard import StepGuard
+from torchrelay.runtime.warmup import (
+    dummy_inputs,
+    signature_of,
+    warm_ddp,
+    warm_model,
+    warm_optimizer,
+)
 
 
 def _setup(seed: int = 0):
@@ -137,3 +147,49 @@ def test_a_model_that_cannot_take_the_signature_is_not_warmed_and_not_changed():
     after = [*model.parameters(), *model.buffers()]
     assert all(torch.equal(a, b) for a, b in zip(after, before, strict=True))
     assert all(p.grad is None for p in model.parameters())
+
+
+class CountingGroup(StableProcessGroup):
+    """The stable group (no communicator: every collective answered locally), counting the
+    all-reduces DDP's reducer sends it."""
+
+    def __init__(self) -> None:
+        super().__init__(2, StepGuard())
+        self.allreduces = 0
+
+    def allreduce(self, tensors, opts=None):
+        self.allreduces += 1
+        return super().allreduce(tensors, opts)
+
+
+def _ddp(group: StableProcessGroup) -> DistributedDataParallel:
+    torch.manual_seed(3)
+    net = torch.nn.Sequential(
+        torch.nn.Linear(8, 16),
+        torch.nn.BatchNorm1d(16),
+        torch.nn.Dropout(0.3),
+        torch.nn.Linear(16, 2),
+    )
+    model = DistributedDataParallel(net, process_group=group)
+    fix_buckets(model, group)
+    return model
+
+
+def test_a_ddp_pass_runs_the_reducer_locally_and_changes_nothing_a_step_computes():
+    warm_group, cold_group = CountingGroup(), CountingGroup()
+    warmed, cold = _ddp(warm_group), _ddp(cold_group)
+    signature = signature_of((torch.randn(4, 8),), {})
+    before = [t.clone() for t in [*warmed.parameters(), *warmed.buffers()]]
+    rng = torch.get_rng_state()
+    assert warm_ddp(warmed, warm_group, signature, torch.device("cpu"))
+    assert warm_group.allreduces >= 1  # the reducer's backward ran, answered locally
+    after = [*warmed.parameters(), *warmed.buffers()]
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+    assert all(p.grad is None for p in warmed.parameters())
+    assert torch.equal(torch.get_rng_state(), rng)
+    for model in (warmed, cold):  # the first real step: the same bits with or without
+        torch.manual_seed(11)
+        model(torch.randn(4, 8)).square().sum().backward()
+    for a, b in zip(warmed.parameters(), cold.parameters(), strict=True):
+        assert torch.equal(a.grad, b.grad)
+    assert all(torch.equal(a, b) for a, b in zip(warmed.buffers(), cold.buffers(), strict=True))

@@ -46,7 +46,7 @@ from torchrelay.runtime.guard import GenerationAborted
 from torchrelay.runtime.hosting import comm_layout
 from torchrelay.runtime.replicas import LocalMirror
 from torchrelay.runtime.tracked import TrackedState
-from torchrelay.runtime.warmup import signature_of, warm_model, warm_optimizer
+from torchrelay.runtime.warmup import signature_of, warm_ddp, warm_model, warm_optimizer
 from torchrelay.transfer.buffers import Prefault, publish_layout
 from torchrelay.transfer.engine import receive_state, schema_key, send_state
 from torchrelay.transfer.sums import ChunkSums
@@ -197,10 +197,15 @@ class Recovery:
         except (dist.DistError, RuntimeError, WireError, KeyError):
             return True
         module = modules[0]
-        if isinstance(module, DistributedDataParallel):
-            module = module.module  # its reducer takes no part (no DDP forward ran)
-        if isinstance(signature, dict):
+        if not isinstance(signature, dict):
+            return True
+        if not isinstance(module, DistributedDataParallel):
             warm_model(module, signature, self.device)
+            return True
+        # The bare module first: a DDP pass that failed half-way would leave its reducer
+        # waiting for a backward, so DDP's own pass runs only on a graph known to work.
+        if warm_model(module.module, signature, self.device):
+            warm_ddp(module, self.process_group, signature, self.device)
         return True
 
     def _handover_due(self) -> bool:
