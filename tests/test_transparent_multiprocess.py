@@ -42,6 +42,15 @@ pytestmark = pytest.mark.slow
 
 Weights = dict[str, torch.Tensor]
 
+# torch's own teardown, not the script nor torchrelay: a gloo worker thread that drops a finished
+# all-reduce during interpreter shutdown takes the GIL, is ended by Python, and the unwinding
+# through a noexcept destructor aborts the process (core dump here: ~AsyncAllreduceWork ->
+# ~ThreadLocalState -> SafePyObject decref -> PyThread_exit_thread -> std::terminate; upstream:
+# pytorch/pytorch#190489). Under load it hit about 1 plain torchrun run in 12. The reference
+# run is repeated when, and only when, that is how it ended.
+TORCH_TEARDOWN_ABORT = "terminate called without an active exception"
+TORCHRUN_ATTEMPTS = 3
+
 
 @pytest.fixture(scope="module")
 def torchrun(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Weights]:
@@ -51,11 +60,14 @@ def torchrun(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Weights]
     def weights(script: str, *args: str) -> Weights:
         if (script, *args) not in done:
             out = tmp_path_factory.mktemp("torchrun") / "final.pt"
-            command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
-            command += ["--master-port", str(free_port()), str(SCRIPTS / script), *args]
-            run = subprocess.run(
-                [*command, "--out", str(out)], capture_output=True, text=True, timeout=300
-            )
+            for _ in range(TORCHRUN_ATTEMPTS):
+                command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+                command += ["--master-port", str(free_port()), str(SCRIPTS / script), *args]
+                run = subprocess.run(
+                    [*command, "--out", str(out)], capture_output=True, text=True, timeout=300
+                )
+                if run.returncode == 0 or TORCH_TEARDOWN_ABORT not in run.stderr:
+                    break
             assert run.returncode == 0, run.stdout + run.stderr
             done[(script, *args)] = torch.load(out, weights_only=True)
         return done[(script, *args)]
