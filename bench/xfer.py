@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.hostlinks import NIC, HostLinks
 from bench.procs import ProcessSet, free_port, wait_exit, worker_env
 
 # Detection + plan + communicator in the ledger of a small-model recovery (docs/benchmarks.md):
@@ -49,7 +50,9 @@ def _model(mb: float) -> Any:
     return torch.nn.Sequential(*(torch.nn.Linear(hidden, hidden) for _ in range(4)))
 
 
-def _worker(rank: int, world: int, port: int, mb: float, repeats: int, out: Path) -> None:
+def _worker(
+    rank: int, world: int, host: str, port: int, mb: float, repeats: int, out: Path
+) -> None:
     import torch
     import torch.distributed as dist
 
@@ -59,7 +62,7 @@ def _worker(rank: int, world: int, port: int, mb: float, repeats: int, out: Path
     from torchrelay.transfer.sums import ChunkSums
 
     timeout = datetime.timedelta(seconds=300)
-    store = dist.TCPStore("127.0.0.1", port, world, is_master=rank == 0, timeout=timeout)
+    store = dist.TCPStore(host, port, world, is_master=rank == 0, timeout=timeout)
     pg = dist.ProcessGroupGloo(store, rank, world, timeout)
     spare, sources = world - 1, list(range(world - 1))
     model = _model(mb)
@@ -86,7 +89,7 @@ def _worker(rank: int, world: int, port: int, mb: float, repeats: int, out: Path
                 tracked.objects["optimizer"] = opt
                 if mode == "prepared":  # what the spare does while it waits for a plan
                     own = {"objects": tracked.state()}
-                    prefault = Prefault(f"127.0.0.1:{port}", TOKEN, own, torch.device("cpu"))
+                    prefault = Prefault(f"{host}:{port}", TOKEN, own, torch.device("cpu"))
                     assert prefault.finished(timeout=300)
                     prepared = prefault.take()
             own = tracked.state()
@@ -138,21 +141,33 @@ def _pair(store: Any, rank: int, spare: int, timeout: Any) -> Any:
     return dist.ProcessGroupGloo(dist.PrefixStore("floor", store), int(rank != 0), 2, timeout)
 
 
-def measure(mb: float, sources: int = 1, repeats: int = 3, timeout_s: float = 600.0) -> dict:
+def measure(
+    mb: float,
+    sources: int = 1,
+    repeats: int = 3,
+    timeout_s: float = 600.0,
+    links: HostLinks | None = None,
+) -> dict:
     """One run: ``sources`` replicas send ~``mb`` MB of state to a fresh spare ``repeats``
-    rounds; returns the spare's figures (see the module docstring)."""
+    rounds; returns the spare's figures (see the module docstring).
+
+    With ``links``, source ``k`` runs on ``links``' emulated host ``k`` (its own capped link,
+    :mod:`bench.hostlinks`) and the spare on the receiver's side; else all run on loopback.
+    """
     world, port = sources + 1, free_port()
     env = worker_env(MALLOC_MMAP_THRESHOLD_=str(128 * 1024))
+    host = "127.0.0.1" if links is None else links.address(0)
     with tempfile.TemporaryDirectory() as tmp, ProcessSet() as procs:
         out = Path(tmp) / "xfer.json"
         deadline = time.monotonic() + timeout_s
-        args = ["--world", str(world), "--port", str(port), "--mb", str(mb)]
+        args = ["--world", str(world), "--host", host, "--port", str(port), "--mb", str(mb)]
         args += ["--repeats", str(repeats), "--out", str(out)]
+        command = [sys.executable, "-m", "bench.xfer", *args]
         children = [
             procs.start(
-                [sys.executable, "-m", "bench.xfer", "--rank", str(r), *args],
+                [*_on_host(links, r, world), *command, "--rank", str(r)],
                 Path(tmp) / f"xfer{r}.log",
-                env=env,
+                env=env if links is None else {**env, "GLOO_SOCKET_IFNAME": _nic(links, r, world)},
             )
             for r in range(world)
         ]
@@ -173,10 +188,20 @@ def measure(mb: float, sources: int = 1, repeats: int = 3, timeout_s: float = 60
     return result
 
 
+def _on_host(links: HostLinks | None, rank: int, world: int) -> list[str]:
+    """The prefix that runs ``rank`` on its emulated host (sources only; the spare stays)."""
+    return [] if links is None or rank == world - 1 else links.prefix(rank)
+
+
+def _nic(links: HostLinks, rank: int, world: int) -> str:
+    return links.bridge if rank == world - 1 else NIC
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rank", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--world", type=int, default=2, help=argparse.SUPPRESS)
+    parser.add_argument("--host", default="127.0.0.1", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--mb", type=float, default=15.0, help="state size, MB")
@@ -184,7 +209,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     a = parser.parse_args()
     if a.rank is not None:
-        _worker(a.rank, a.world, a.port, a.mb, a.repeats, a.out)
+        _worker(a.rank, a.world, a.host, a.port, a.mb, a.repeats, a.out)
         return
     r = measure(a.mb, a.sources, a.repeats)
     floor = ", ".join(f"{x * 1e3:.1f}" for x in r["seconds"]["broadcast"])
