@@ -11,7 +11,10 @@ CPU processes (and CPU-only machines) use gloo. A process on a machine with CUDA
   kernels are released and the device's streams are usable by the next generation. Gloo has
   no such abort; its threads are left to the collective timeout, off the training thread.
 
-``TORCHRELAY_DEVICE=cpu`` forces the CPU path on a machine with GPUs.
+``TORCHRELAY_DEVICE=cpu`` forces the CPU path on a machine with GPUs. ``TORCHRELAY_DEVICE=cuda:N``
+puts every process of the node, spares too, on GPU ``N``: NCCL refuses two ranks on one device,
+so the communicator is then gloo, which reduces CUDA tensors through host memory. It exists to
+run a job with recovery on a machine with a single GPU (a check, not a way to train).
 """
 
 from __future__ import annotations
@@ -27,10 +30,29 @@ class DeviceError(RuntimeError):
     """This process cannot get the device it was given; the message says why."""
 
 
+def shared_gpu() -> int | None:
+    """The GPU every process of the node shares (``TORCHRELAY_DEVICE=cuda:N``), else ``None``;
+    :class:`DeviceError` for a value that is neither that nor ``cpu``."""
+    forced = os.environ.get("TORCHRELAY_DEVICE", "")
+    if forced in ("", "cpu"):
+        return None
+    kind, _, index = forced.partition(":")
+    if kind != "cuda" or not index.isdigit():
+        raise DeviceError(
+            f"TORCHRELAY_DEVICE={forced!r}: use cpu, or cuda:N to put every process on GPU N"
+        )
+    return int(index)
+
+
 def select_device(local_index: int) -> torch.device:
-    """``cuda:local_index`` (made the current device) when CUDA is usable, else the CPU."""
+    """``cuda:local_index`` (made the current device) when CUDA is usable, else the CPU; the
+    shared GPU instead of ``local_index`` with ``TORCHRELAY_DEVICE=cuda:N``."""
+    shared = shared_gpu()
     if os.environ.get("TORCHRELAY_DEVICE", "") == "cpu" or not torch.cuda.is_available():
+        if shared is not None:
+            raise DeviceError(f"TORCHRELAY_DEVICE=cuda:{shared} but CUDA is not available here")
         return torch.device("cpu")
+    local_index = local_index if shared is None else shared
     count = torch.cuda.device_count()
     if not 0 <= local_index < count:
         raise DeviceError(
@@ -46,8 +68,9 @@ def select_device(local_index: int) -> torch.device:
 def new_group(
     store: dist.Store, rank: int, size: int, timeout: timedelta, device: torch.device
 ) -> dist.ProcessGroup:
-    """A generation's communicator over ``store`` (already prefixed with the generation)."""
-    if device.type != "cuda":
+    """A generation's communicator over ``store`` (already prefixed with the generation):
+    NCCL for a GPU of its own, gloo on the CPU or on a shared GPU."""
+    if device.type != "cuda" or shared_gpu() is not None:
         return dist.ProcessGroupGloo(store, rank, size, timeout)
     options = dist.ProcessGroupNCCL.Options()
     options._timeout = timeout
