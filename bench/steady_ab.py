@@ -57,12 +57,17 @@ def _worker(
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from bench.workload import build_model, build_optimizer, loss_fn, make_batch
+    from torchrelay.runtime.allocator import keep_freed_memory
     from torchrelay.runtime.ddp import fix_buckets
+    from torchrelay.runtime.devices import new_group
     from torchrelay.runtime.facade import StableProcessGroup
     from torchrelay.runtime.guard import StepGuard, guard_optimizer
     from torchrelay.runtime.rng import seed_all
     from torchrelay.runtime.tracked import TrackedState
 
+    # As a torchrelay worker does at start (runtime.allocator), for A too: the ratio is then
+    # the collective path's cost, not glibc's thresholds moving with what B happens to free.
+    keep_freed_memory()
     timeout = datetime.timedelta(seconds=300)
     store = dist.TCPStore("127.0.0.1", port, WORLD, is_master=rank == 0, timeout=timeout)
     # A's group as torchrun makes it (DDP needs a registered ProcessGroup, not a bare backend).
@@ -70,7 +75,8 @@ def _worker(
         "gloo", store=dist.PrefixStore("plain", store), rank=rank, world_size=WORLD
     )
     plain = dist.group.WORLD
-    inner = dist.ProcessGroupGloo(dist.PrefixStore("relay", store), rank, WORLD, timeout)
+    # B's communicator as the runtime makes it (a gloo group whose connections can be cut).
+    inner = new_group(dist.PrefixStore("relay", store), rank, WORLD, timeout, torch.device("cpu"))
     guard = StepGuard()
     facade = StableProcessGroup(WORLD, guard)
     facade.bind(inner, rank, 0)

@@ -14,7 +14,7 @@ import queue
 import sys
 import threading
 import traceback
-from typing import Any, NoReturn
+from typing import Any
 
 from torchrelay.control.client import ControlClient, ControlError
 from torchrelay.control.endpoint import Endpoint
@@ -31,7 +31,7 @@ from torchrelay.control.protocol import (
     Report,
     WarningReport,
 )
-from torchrelay.exits import EXIT_CONTROLLER_LOST, EXIT_FENCED
+from torchrelay.exits import EXIT_CONTROLLER_LOST, EXIT_FENCED, leave
 from torchrelay.runtime.default_group import REINIT_ADVICE, is_reinit_error
 from torchrelay.runtime.facade import StableProcessGroup
 from torchrelay.runtime.guard import StepGuard
@@ -111,7 +111,7 @@ class ControlLink:
                     _die_on_control_error(exc)
                 return
             except ProtocolError as exc:  # a controller of another version: nothing to follow
-                _leave(EXIT_CONTROLLER_LOST, f"cannot read the controller's message: {exc}")
+                leave(EXIT_CONTROLLER_LOST, f"cannot read the controller's message: {exc}")
 
     def _heartbeat(self) -> None:
         """Sign of life and progress, off the training thread (never on the critical path).
@@ -140,7 +140,7 @@ class ControlLink:
         def expired(silence: float, lease: float, error: ControlError) -> None:
             # Whatever the error (DEADLINE_EXCEEDED from a server that is gone, a cut link):
             # past the lease, the job has gone on without this replica, or is no more.
-            _leave(
+            leave(
                 EXIT_FENCED,
                 f"no heartbeat reached the controller for {silence:.1f} s (lease {lease:.1f} s, "
                 f"last error {error.code}); this replica is presumed replaced and stops here",
@@ -157,26 +157,15 @@ class ControlLink:
 
 def _die_on_control_error(exc: ControlError) -> None:
     if exc.code == "FAILED_PRECONDITION":
-        _leave(
+        leave(
             EXIT_FENCED,
             f"this process was fenced out of the job and must not continue: {exc.message}",
         )
     if exc.code in ("UNAVAILABLE", "UNKNOWN", "CANCELLED", "DEADLINE_EXCEEDED"):
-        _leave(
+        leave(
             EXIT_CONTROLLER_LOST,
             f"lost the controller ({exc.code}: {exc.message}); the launcher is gone, exiting",
         )
-
-
-def _leave(status: int, why: str) -> NoReturn:
-    """Say ``why`` on stderr if it can, and end this process now with ``status``.
-
-    Never raises: when the launcher is gone, so is the reader of our stderr pipe, and a
-    ``print`` would raise BrokenPipeError and kill the calling thread instead of the process.
-    """
-    with contextlib.suppress(OSError):
-        os.write(2, f"torchrelay: {why}\n".encode(errors="replace"))
-    os._exit(status)
 
 
 def install_excepthook(relay: ControlLink) -> None:

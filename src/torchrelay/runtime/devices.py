@@ -9,7 +9,8 @@ CPU processes (and CPU-only machines) use gloo. A process on a machine with CUDA
   complete (a dead peer) instead of leaving a kernel spinning on the GPU forever;
 - an aborted generation's communicator is aborted at once (:func:`abort_group`): its pending
   kernels are released and the device's streams are usable by the next generation. Gloo has
-  no such abort; its threads are left to the collective timeout, off the training thread.
+  no such abort: its connections are cut instead (:mod:`gloo_cut`), which ends its pending
+  works within milliseconds.
 
 ``TORCHRELAY_DEVICE=cpu`` forces the CPU path on a machine with GPUs. ``TORCHRELAY_DEVICE=cuda:N``
 puts every process of the node, spares too, on GPU ``N``: NCCL refuses two ranks on one device,
@@ -20,10 +21,17 @@ run a job with recovery on a machine with a single GPU (a check, not a way to tr
 from __future__ import annotations
 
 import os
+import threading
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+from torchrelay.runtime.gloo_cut import PairSockets, capture
+
+# Gloo groups whose pair sockets were found (id -> the group itself, to tell a reused id).
+_cuttable: dict[int, tuple[dist.ProcessGroup, PairSockets]] = {}
+_cuttable_lock = threading.Lock()
 
 
 class DeviceError(RuntimeError):
@@ -69,9 +77,15 @@ def new_group(
     store: dist.Store, rank: int, size: int, timeout: timedelta, device: torch.device
 ) -> dist.ProcessGroup:
     """A generation's communicator over ``store`` (already prefixed with the generation):
-    NCCL for a GPU of its own, gloo on the CPU or on a shared GPU."""
+    NCCL for a GPU of its own, gloo on the CPU or on a shared GPU (with its pair sockets
+    found, so that :func:`abort_group` can cut them: :mod:`gloo_cut`)."""
     if device.type != "cuda" or shared_gpu() is not None:
-        return dist.ProcessGroupGloo(store, rank, size, timeout)
+        group, sockets = capture(
+            lambda: dist.ProcessGroupGloo(store, rank, size, timeout), store, rank, size
+        )
+        with _cuttable_lock:
+            _cuttable[id(group)] = (group, sockets)
+        return group
     options = dist.ProcessGroupNCCL.Options()
     options._timeout = timeout
     options.config.blocking = False
@@ -81,9 +95,25 @@ def new_group(
 
 
 def abort_group(group: dist.ProcessGroup) -> None:
-    """Release every pending operation of a NCCL communicator (``ncclCommAbort``)."""
+    """End every pending operation of ``group`` now, for good: ``ncclCommAbort`` for NCCL,
+    its connections cut for a gloo group of :func:`new_group`. Idempotent."""
     if group.name() == "nccl":
         group.abort()
+        return
+    with _cuttable_lock:
+        entry = _cuttable.pop(id(group), None)
+    if entry is not None and entry[0] is group:
+        entry[1].cut()
+
+
+def cuttable(group: dist.ProcessGroup) -> bool:
+    """Whether :func:`abort_group` ends ``group``'s pending works (so that they may run in the
+    caller's own buffers): a gloo group of :func:`new_group` not cut yet, with its sockets
+    found. NCCL's abort does too, but its collectives keep their private copies (cheap device
+    copies) until they are tested on a GPU."""
+    with _cuttable_lock:
+        entry = _cuttable.get(id(group))
+    return entry is not None and entry[0] is group and entry[1].resolve()
 
 
 def comm_device(group: dist.ProcessGroup) -> torch.device:

@@ -4,10 +4,14 @@ DDP keeps one process group for its lifetime; torchrelay replaces the communicat
 generation. :class:`StableProcessGroup` is a ``torch.distributed.ProcessGroup`` whose
 collectives run on the current generation's inner group, with three guarantees:
 
-- **never blocks on a dead generation**: every collective runs on private copies of its output
-  tensors and returns a future that the runtime completes itself, either when the inner work
-  finishes or when the controller aborts the generation. A gloo work that can never finish (a
-  stopped peer) is abandoned, and it can no longer write into DDP's buffers.
+- **never blocks on a dead generation**: every collective returns a future that the runtime
+  completes itself, when the inner work finishes or when the controller aborts the generation.
+  On a gloo group whose connections can be cut (:mod:`gloo_cut`, every group of two or more the
+  runtime builds) the collective runs in the caller's own tensors, and an abort cuts the group:
+  its works fail within milliseconds, and only then is the caller released, so that nothing of
+  a dead generation can write into DDP's buffers later. Elsewhere (NCCL, a group whose sockets
+  are not resolved yet) it runs on private copies, and a work that can never finish (a stopped
+  peer) is abandoned with them.
 - **fails into a poisoned step, not an exception**: a failed or aborted collective leaves its
   outputs untouched and poisons the step (see :mod:`guard`), so the user's loop body runs on
   and the runtime skips the optimizer and recovers at the next step boundary.
@@ -39,11 +43,14 @@ from torch._C._distributed_c10d import (
 )
 from torch.futures import Future
 
-from torchrelay.runtime.devices import abort_group
+from torchrelay.exits import EXIT_COMMUNICATOR_STUCK, leave
+from torchrelay.runtime.devices import abort_group, cuttable
 from torchrelay.runtime.guard import StepGuard
 from torchrelay.runtime.hosting import Contributions
 
 Launch = Callable[[dist.ProcessGroup], dist.Work]
+# A safety net, never a pace: a cut ends a gloo work in about a millisecond (gloo_cut).
+CUT_GRACE_S = 30.0
 
 
 def _completed(value: Any) -> dist.Work:
@@ -112,7 +119,9 @@ class StableProcessGroup(dist.ProcessGroup):
         """Drop the communicator (transparent mode's park: no socket may stay open); the next
         :meth:`bind` gives a new one."""
         with self._bind_lock:
-            self._inner, self._inner_aborted = None, False
+            inner, self._inner, self._inner_aborted = self._inner, None, False
+        if inner is not None:
+            abort_group(inner)  # closes the duplicates of its sockets too
 
     def abort(self, generation: int) -> None:
         """The controller aborted ``generation``: release its communicator's pending work
@@ -219,9 +228,13 @@ class StableProcessGroup(dist.ProcessGroup):
             return _completed(result)
         if self._guard.poisoned or self._guard.aborted:
             return _completed(result)
-        scratch = [t.detach().clone() for t in outputs]
+        # In place where an abort ends the inner work for good (a cut gloo group), else on
+        # private copies that a dead generation may go on writing into.
+        in_place = cuttable(inner)
+        scratch = outputs if in_place else [t.detach().clone() for t in outputs]
         future: Future[Any] = Future()
         settled = threading.Lock()
+        ended = threading.Event()  # the inner work is over (or never started)
         guard = self._guard
 
         def settle(ok: bool, error: str = "") -> None:
@@ -230,22 +243,34 @@ class StableProcessGroup(dist.ProcessGroup):
             if ok:
                 if expand is not None:
                     expand(scratch)
-                for target, value in zip(outputs, scratch, strict=True):
-                    target.copy_(value)
+                if not in_place:
+                    for target, value in zip(outputs, scratch, strict=True):
+                        target.copy_(value)
             else:
                 guard.poison(error or "collective aborted")
             future.set_result(result)
 
-        ticket = guard.track(settle)
+        def on_abort(_: bool) -> None:
+            if not in_place:
+                settle(False, "generation aborted")
+                return
+            # The caller's buffers are the work's: release the caller only once the work has
+            # ended, which the cut makes immediate.
+            abort_group(inner)
+            threading.Thread(target=_await_end, args=(ended, settle), daemon=True).start()
+
+        ticket = guard.track(on_abort)
         if ticket is None:
             settle(False, "generation aborted")
             return _create_work_from_future(future)
         if self._silenced:
+            ended.set()
             return _create_work_from_future(future)
         try:
             work = launch(inner, scratch)
         except RuntimeError as exc:
             guard.untrack(ticket)
+            ended.set()
             settle(False, f"collective failed to start: {exc}")
             return _create_work_from_future(future)
 
@@ -254,9 +279,26 @@ class StableProcessGroup(dist.ProcessGroup):
             try:
                 inner_future.wait()
             except RuntimeError as exc:
+                ended.set()
                 settle(False, f"collective failed: {exc}")
                 return
+            ended.set()
             settle(True)
 
         work.get_future().add_done_callback(on_done)
         return _create_work_from_future(future)
+
+
+def _await_end(ended: threading.Event, settle: Callable[[bool, str], None]) -> None:
+    """Settle an aborted in-place collective once its work has ended (or never started). After
+    a cut, a work ends within milliseconds; one that does not may still write into the
+    caller's buffers during a later step: this process then leaves (the job replaces it like
+    any failed worker) rather than risk it."""
+    if ended.wait(CUT_GRACE_S):
+        settle(False, "generation aborted")
+    else:
+        leave(
+            EXIT_COMMUNICATOR_STUCK,
+            f"a collective of an aborted generation did not end {CUT_GRACE_S:.0f} s after its "
+            "connections were cut; leaving so that it cannot write into later steps' buffers",
+        )

@@ -30,9 +30,8 @@ import torch.distributed as dist
 from torchrelay.control.client import ControlClient
 from torchrelay.control.endpoint import failover_for
 from torchrelay.control.protocol import Ready, Report
-from torchrelay.exits import EXIT_CONTROLLER_LOST
+from torchrelay.exits import EXIT_CONTROLLER_LOST, leave
 from torchrelay.runtime import default_group
-from torchrelay.runtime.control_link import _leave
 from torchrelay.runtime.env import RelayEnv, host_pid
 from torchrelay.runtime.facade import StableProcessGroup
 from torchrelay.transparent import park
@@ -65,11 +64,11 @@ class Parking:
             pass  # the heartbeat in flight, if any, is over; none starts while parked
         self._drop_sockets()
         if not self._watch_paused.wait(_WATCH_PAUSE):
-            _leave(EXIT_CONTROLLER_LOST, "the watch stream did not stop for the park")
+            leave(EXIT_CONTROLLER_LOST, "the watch stream did not stop for the park")
         try:
             instruction = park.wait(self.env.token)
         except park.ParkError as exc:
-            _leave(EXIT_CONTROLLER_LOST, f"park failed: {exc}")
+            leave(EXIT_CONTROLLER_LOST, f"park failed: {exc}")
         if instruction.kind is park.Kind.BECOME:
             os.environ.update(instruction.env)
             os.environ["TORCHRELAY_CONTROL"] = instruction.endpoint or self.env.control

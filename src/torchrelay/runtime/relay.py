@@ -40,6 +40,7 @@ from torchrelay.control.client import ControlClient
 from torchrelay.control.endpoint import failover_for
 from torchrelay.control.protocol import JoinAnswer, MaxSteps, Message, Report
 from torchrelay.runtime import default_group
+from torchrelay.runtime.allocator import keep_freed_memory
 from torchrelay.runtime.chaos_inject import ChaosInjection
 from torchrelay.runtime.checkpoint import Checkpointer, resume_from_environ
 from torchrelay.runtime.control_link import ControlLink, install_excepthook
@@ -70,6 +71,7 @@ class Relay(ControlLink, Recovery, ChaosInjection, Parking):
     def __init__(self, env: RelayEnv, client: ControlClient, joined: JoinAnswer, seed: int) -> None:
         self.env = env
         self.seed = seed
+        keep_freed_memory()  # before the first step allocates anything large (runtime.allocator)
         self.device = select_device(env.local_rank)
         self.world_size = env.world_size
         self.rank: int | None = env.rank

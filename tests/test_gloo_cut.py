@@ -1,0 +1,91 @@
+"""Cutting a gloo communicator (runtime/gloo_cut.py): what lets the stable group run its
+collectives in the caller's own buffers. Two real processes over a real gloo group; every
+wait is on a store key, with the store's timeout as the only net."""
+
+from __future__ import annotations
+
+import datetime
+import multiprocessing
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from tests.etcd import free_port
+from torchrelay.runtime.devices import abort_group, cuttable, new_group
+from torchrelay.runtime.facade import StableProcessGroup
+from torchrelay.runtime.guard import StepGuard
+
+TIMEOUT = datetime.timedelta(seconds=60)
+pytestmark = pytest.mark.timeout(120)
+
+
+def _member(rank: int, port: int, results: multiprocessing.Queue) -> None:
+    store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timeout=TIMEOUT)
+    inner = new_group(dist.PrefixStore("g0", store), rank, 2, TIMEOUT, torch.device("cpu"))
+    guard = StepGuard()
+    facade = StableProcessGroup(2, guard)
+    facade.bind(inner, rank, generation=0)
+    guard.enter_generation(0)
+    summed = torch.full((1 << 18,), float(rank + 1))
+    facade.allreduce([summed]).wait()
+    # Every member published its listening ports before it could take part in that all-reduce.
+    in_place = cuttable(inner)
+    again = torch.full((1 << 18,), float(rank + 1))
+    facade.allreduce([again]).wait()
+    summed = summed if again.unique().tolist() == [3.0] else again
+    if rank == 1:  # a peer that stops before the next all-reduce and comes back after the cut
+        store.wait(["cut"])
+        late = torch.full((1 << 18,), 7.0)
+        try:
+            inner.allreduce([late]).wait()
+            outcome = "completed"
+        except RuntimeError:
+            outcome = "failed"
+        store.set("sent", outcome)
+        results.put((rank, outcome))
+        store.wait(["done"])
+        return
+    buffer = torch.full((1 << 18,), 5.0)
+    work = facade.allreduce([buffer])  # in place: ``buffer`` is the work's own
+    guard.abort(0)  # what the runtime does when the controller aborts the generation
+    facade.abort(0)
+    work.wait()
+    store.set("cut", "1")
+    late = store.get("sent").decode()
+    results.put((rank, in_place, summed[0].item(), buffer.unique().tolist(), guard.poisoned, late))
+    store.set("done", "1")
+
+
+def test_an_aborted_all_reduce_never_writes_into_the_callers_buffer_even_when_the_peer_resumes():
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    port = free_port()
+    members = [context.Process(target=_member, args=(r, port, results)) for r in range(2)]
+    for member in members:
+        member.start()
+    got = dict((item[0], item[1:]) for item in (results.get(timeout=90) for _ in members))
+    for member in members:
+        member.join(30)
+    assert [m.exitcode for m in members] == [0, 0]
+    in_place, summed, buffer, poisoned, late = got[0]
+    assert in_place and summed == 3.0  # from here collectives run in place
+    assert buffer == [5.0] and poisoned  # the aborted one left the buffer as it was
+    assert late == "failed" and got[1] == ("failed",)  # the resumed peer's bytes never landed
+
+
+def test_a_cut_touches_only_the_groups_own_connections():
+    """A socket opened by someone else in the same process survives the cut of a group."""
+    port = free_port()
+    store = dist.TCPStore("127.0.0.1", port, 1, True, timeout=TIMEOUT)
+    listener = socket.create_server(("127.0.0.1", 0))
+    other = socket.create_connection(listener.getsockname())
+    accepted, _ = listener.accept()
+    group = new_group(dist.PrefixStore("g0", store), 0, 1, TIMEOUT, torch.device("cpu"))
+    assert not cuttable(group)  # a group of one has no connections: private copies
+    abort_group(group)
+    other.sendall(b"still open")
+    assert accepted.recv(16) == b"still open"
+    for sock in (other, accepted, listener):
+        sock.close()
