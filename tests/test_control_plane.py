@@ -14,10 +14,18 @@ from torchrelay.chaos import parse_schedule
 from torchrelay.config import JobConfig
 from torchrelay.control.client import SERVICE, ControlClient, ControlError
 from torchrelay.control.controller import Controller
-from torchrelay.control.protocol import ChaosNotice, NodeExit, NodeHeartbeat, Plan, StartSpare
+from torchrelay.control.protocol import (
+    ChaosNotice,
+    CopyOutcome,
+    NodeExit,
+    NodeHeartbeat,
+    Plan,
+    StartSpare,
+)
 from torchrelay.control.service import ControlServer
 from torchrelay.control.state import MemberState
 from torchrelay.control.wire import new_token, seal
+from torchrelay.events_criu import CopyFailed
 from torchrelay.ledger import Ledger, read_ledger
 from torchrelay.report.summary import summarize
 
@@ -162,6 +170,34 @@ def test_silent_node_is_declared_lost_and_then_fenced_out(job):
             call()
         assert err.value.code == "FAILED_PRECONDITION"
     controller.stop("test over")
+
+
+def test_a_remote_agents_copy_outcome_reaches_the_ledger_for_its_own_processes_only(job):
+    """Transparent mode's copy made by node1's agent: its outcome comes back over the sealed
+    RPC; one that names another node's process, or a forged one, changes nothing."""
+    controller, _, client, run_dir, address = job
+    client("worker0").join("worker", 1, "node0", 0)
+    agent1 = client("agent@node1")
+    agent1.node_join("node1")
+    client("worker1").join("worker", 7, "node1", 1)
+    failed = CopyFailed(process="worker1", kind="migrate", reason="criu dump failed: x")
+    agent1.node_report("node1", CopyOutcome(event=failed.to_json()))
+    ledger = read_ledger(run_dir / "ledger.jsonl")
+    assert [e["reason"] for e in ledger if e["event"] == "copy_failed"] == [failed.reason]
+    not_its_own = CopyFailed(process="worker0", kind="clone", reason="x")
+    with pytest.raises(ControlError) as err:
+        agent1.node_report("node1", CopyOutcome(event=not_its_own.to_json()))
+    assert err.value.code == "INVALID_ARGUMENT" and "no process of node 'node1'" in str(err.value)
+    token = (run_dir / "token").read_text()
+    ending = {"event": "job_end", "t": 1.0, "status": "succeeded"}  # not a copy's outcome
+    body = {"process": "agent@node1", "node": "node1", "kind": "copied", "event": ending}
+    refused = send_raw(address, "NodeReport", seal(body, token))
+    assert isinstance(refused, grpc.RpcError)
+    assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "not the outcome of a copy" in refused.details()
+    ledger = read_ledger(run_dir / "ledger.jsonl")
+    assert len([e for e in ledger if e["event"] == "copy_failed"]) == 1
+    assert controller.outcome is None
 
 
 def test_operator_drills_are_routed_and_bad_ones_refused(job):

@@ -7,10 +7,11 @@ Four directions, each a family of frozen dataclasses named on the wire by one ke
   ``Join`` request and its :class:`JoinAnswer`, and the heartbeat's :class:`Lease`;
 * controller -> worker, on its watch stream (``Message``, key ``type``): ``abort``, ``plan``,
   ``finish``;
-* node agent -> controller (``NodeReport``, key ``kind``): ``heartbeat``, ``exit``, ``chaos``
-  (its notice about a drill); plus :class:`NodeJoin` and :class:`NodeJoinAnswer`;
+* node agent -> controller (``NodeReport``, key ``kind``): ``heartbeat``, ``exit``, ``health``,
+  ``chaos`` (its notice about a drill), ``copied`` (a transparent copy's outcome); plus
+  :class:`NodeJoin` and :class:`NodeJoinAnswer`;
 * controller -> node agent (``Command``, key ``type``): ``start_spare``, ``signal``, ``chaos``,
-  ``finish``.
+  ``copy``, ``finish``.
 
 ``to_wire()`` is the JSON object that is sealed (:mod:`torchrelay.control.wire`); the client adds
 the sender's ``process`` to a request. ``from_wire(obj)`` checks every field's type and range
@@ -31,12 +32,16 @@ from typing import Any, ClassVar
 
 from torchrelay.chaos import NODE_ACTIONS
 from torchrelay.control.errors import ProtocolError
+from torchrelay.event_base import Event
+from torchrelay.events_criu import parse_outcome
+from torchrelay.ledger import LedgerError
 from torchrelay.typed import Plain, at_least, optional, registry, step
 
 GENERATION = "a generation (an integer >= 0)"
 # A spare is in no generation until a plan gives it a slot.
 MEMBER_GENERATION = "a generation (an integer >= 0, or -1 for a spare without a slot)"
 ROLES = ("worker", "spare")
+COPY_KINDS = ("clone", "migrate")
 
 
 class Wire(Plain):
@@ -313,6 +318,26 @@ class ChaosNotice(NodeReport):
         return {k: v for k, v in self.to_wire().items() if k != self.KEY}
 
 
+@dataclass(frozen=True, kw_only=True)
+class CopyOutcome(NodeReport):
+    """The outcome of a :class:`CopyProcess`: the ledger event the agent's copy ended with
+    (``replica_cloned``, ``worker_migrated`` or ``copy_failed``), checked as the ledger's."""
+
+    TAG: ClassVar[str] = "copied"
+    event: dict[str, Any]
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.outcome()
+
+    def outcome(self) -> Event:
+        """The typed event (:class:`ProtocolError` if it is not a copy's outcome)."""
+        try:
+            return parse_outcome(self.event)
+        except LedgerError as exc:
+            self._refuse(str(exc))
+
+
 # --------------------------------------------------------------------- controller -> node agent
 @dataclass(frozen=True, kw_only=True)
 class Command(Wire):
@@ -349,6 +374,25 @@ class Chaos(Command):
 
 
 @dataclass(frozen=True, kw_only=True)
+class CopyProcess(Command):
+    """Transparent mode: once ``process`` of this node (told to park) waits on its park channel,
+    ``clone`` it into a new spare of this node that will take ``slot``, or ``migrate`` it into a
+    copy of itself; answered by a :class:`CopyOutcome` (see :mod:`torchrelay.agent.cloning`)."""
+
+    TAG: ClassVar[str] = "copy"
+    kind: str
+    process: str
+    slot: int = at_least(0, "a slot (an integer >= 0)")
+    generation: int = at_least(0, GENERATION)
+    ordered: float
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.kind not in COPY_KINDS:
+            self._refuse(f"unknown kind of copy {self.kind!r} (expected one of {COPY_KINDS})")
+
+
+@dataclass(frozen=True, kw_only=True)
 class FinishNode(Command):
     """The job is over: the node agent stops serving (``{"type": "finish"}`` as for workers)."""
 
@@ -358,9 +402,9 @@ class FinishNode(Command):
 REPORTS = registry(
     MaxSteps, Progress, Ready, Halted, PhaseDone, Done, ErrorReport, ChaosFired, WarningReport
 )
-NODE_REPORTS = registry(NodeHeartbeat, NodeExit, HealthReport, ChaosNotice)
+NODE_REPORTS = registry(NodeHeartbeat, NodeExit, HealthReport, ChaosNotice, CopyOutcome)
 MESSAGES = registry(Abort, Plan, Handover, Retire, Park, Finish)
-COMMANDS = registry(StartSpare, Signal, Chaos, FinishNode)
+COMMANDS = registry(StartSpare, Signal, Chaos, CopyProcess, FinishNode)
 
 
 def _decode(family: dict[str, type[Plain]], key: str, what: str, wire: Any) -> Any:
