@@ -6,10 +6,12 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 
 import grpc
 import pytest
 
+from torchrelay.agent.remote import RemoteNode
 from torchrelay.chaos import parse_schedule
 from torchrelay.config import JobConfig
 from torchrelay.control.client import SERVICE, ControlClient, ControlError
@@ -17,6 +19,7 @@ from torchrelay.control.controller import Controller
 from torchrelay.control.protocol import (
     ChaosNotice,
     CopyOutcome,
+    CopyProcess,
     NodeExit,
     NodeHeartbeat,
     Plan,
@@ -198,6 +201,24 @@ def test_a_remote_agents_copy_outcome_reaches_the_ledger_for_its_own_processes_o
     ledger = read_ledger(run_dir / "ledger.jsonl")
     assert len([e for e in ledger if e["event"] == "copy_failed"]) == 1
     assert controller.outcome is None
+
+
+def test_a_remote_agent_answers_a_copy_of_a_process_it_does_not_run_with_copy_failed(job):
+    """node1's agent (a real RemoteNode, no process started) told to clone a process it never
+    ran: a one-line copy_failed comes back over the RPC, nothing raises, nothing hangs."""
+    controller, _, client, run_dir, address = job
+    config = replace(controller.config, nnodes=2, node_rank=1, transparent=True, spares=0)
+    node = RemoteNode(config, address, (run_dir / "token").read_text())
+    try:
+        node.client.node_join("node1")
+        client("worker1").join("worker", 7, "node1", 1)
+        node._copy(CopyProcess(kind="clone", process="worker1", slot=0, generation=0, ordered=1))
+    finally:
+        node.client.close()
+    ledger = read_ledger(run_dir / "ledger.jsonl")
+    [failed] = [e for e in ledger if e["event"] == "copy_failed"]
+    assert failed["process"] == "worker1" and failed["kind"] == "clone"
+    assert failed["reason"] == "worker1 is no process of node1's agent"
 
 
 def test_operator_drills_are_routed_and_bad_ones_refused(job):

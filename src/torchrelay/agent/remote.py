@@ -44,6 +44,8 @@ from torchrelay.control.protocol import (
     Signal,
     StartSpare,
 )
+from torchrelay.event_base import Event
+from torchrelay.events_criu import CopyFailed
 
 
 class RemoteNode:
@@ -186,10 +188,15 @@ class RemoteNode:
         """Carry out a copy as the controller's own agent does, and send its outcome back (a
         failed copy is a ``copy_failed`` outcome, never an exception)."""
         order = (command.process, command.slot, command.generation, command.ordered)
-        if command.kind == "clone":
-            outcome = self.agent.clone_replica(CloneReplica(*order))
-        else:
-            outcome = self.agent.migrate_worker(MigrateWorker(*order))
+        outcome: Event
+        try:
+            if command.kind == "clone":
+                outcome = self.agent.clone_replica(CloneReplica(*order))
+            else:
+                outcome = self.agent.migrate_worker(MigrateWorker(*order))
+        except KeyError:  # not one of this agent's processes (it started again meanwhile)
+            why = f"{command.process} is no process of {self.node}'s agent"
+            outcome = CopyFailed(process=command.process, kind=command.kind, reason=why)
         if self._isolated is not None or self._stopped.is_set():
             return  # nobody to tell: this node is out of the job
         try:
