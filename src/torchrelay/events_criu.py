@@ -66,4 +66,4 @@ def parse_outcome(entry: Any) -> Event:
     cls = OUTCOMES.get(name) if isinstance(name, str) else None
     if cls is None:
         raise LedgerError(f"event {name!r} is not the outcome of a copy")
-    return cls.from_json(entry)  # type: ignore[no-any-return]
+    return cls.from_json(entry)
