@@ -6,18 +6,29 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 
 import grpc
 import pytest
 
+from torchrelay.agent.remote import RemoteNode
 from torchrelay.chaos import parse_schedule
 from torchrelay.config import JobConfig
 from torchrelay.control.client import SERVICE, ControlClient, ControlError
 from torchrelay.control.controller import Controller
-from torchrelay.control.protocol import ChaosNotice, NodeExit, NodeHeartbeat, Plan, StartSpare
+from torchrelay.control.protocol import (
+    ChaosNotice,
+    CopyOutcome,
+    CopyProcess,
+    NodeExit,
+    NodeHeartbeat,
+    Plan,
+    StartSpare,
+)
 from torchrelay.control.service import ControlServer
 from torchrelay.control.state import MemberState
 from torchrelay.control.wire import new_token, seal
+from torchrelay.events_criu import CopyFailed
 from torchrelay.ledger import Ledger, read_ledger
 from torchrelay.report.summary import summarize
 
@@ -162,6 +173,52 @@ def test_silent_node_is_declared_lost_and_then_fenced_out(job):
             call()
         assert err.value.code == "FAILED_PRECONDITION"
     controller.stop("test over")
+
+
+def test_a_remote_agents_copy_outcome_reaches_the_ledger_for_its_own_processes_only(job):
+    """Transparent mode's copy made by node1's agent: its outcome comes back over the sealed
+    RPC; one that names another node's process, or a forged one, changes nothing."""
+    controller, _, client, run_dir, address = job
+    client("worker0").join("worker", 1, "node0", 0)
+    agent1 = client("agent@node1")
+    agent1.node_join("node1")
+    client("worker1").join("worker", 7, "node1", 1)
+    failed = CopyFailed(process="worker1", kind="migrate", reason="criu dump failed: x")
+    agent1.node_report("node1", CopyOutcome(event=failed.to_json()))
+    ledger = read_ledger(run_dir / "ledger.jsonl")
+    assert [e["reason"] for e in ledger if e["event"] == "copy_failed"] == [failed.reason]
+    not_its_own = CopyFailed(process="worker0", kind="clone", reason="x")
+    with pytest.raises(ControlError) as err:
+        agent1.node_report("node1", CopyOutcome(event=not_its_own.to_json()))
+    assert err.value.code == "INVALID_ARGUMENT" and "no process of node 'node1'" in str(err.value)
+    token = (run_dir / "token").read_text()
+    ending = {"event": "job_end", "t": 1.0, "status": "succeeded"}  # not a copy's outcome
+    body = {"process": "agent@node1", "node": "node1", "kind": "copied", "event": ending}
+    refused = send_raw(address, "NodeReport", seal(body, token))
+    assert isinstance(refused, grpc.RpcError)
+    assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "not the outcome of a copy" in refused.details()
+    ledger = read_ledger(run_dir / "ledger.jsonl")
+    assert len([e for e in ledger if e["event"] == "copy_failed"]) == 1
+    assert controller.outcome is None
+
+
+def test_a_remote_agent_answers_a_copy_of_a_process_it_does_not_run_with_copy_failed(job):
+    """node1's agent (a real RemoteNode, no process started) told to clone a process it never
+    ran: a one-line copy_failed comes back over the RPC, nothing raises, nothing hangs."""
+    controller, _, client, run_dir, address = job
+    config = replace(controller.config, nnodes=2, node_rank=1, transparent=True, spares=0)
+    node = RemoteNode(config, address, (run_dir / "token").read_text())
+    try:
+        node.client.node_join("node1")
+        client("worker1").join("worker", 7, "node1", 1)
+        node._copy(CopyProcess(kind="clone", process="worker1", slot=0, generation=0, ordered=1))
+    finally:
+        node.client.close()
+    ledger = read_ledger(run_dir / "ledger.jsonl")
+    [failed] = [e for e in ledger if e["event"] == "copy_failed"]
+    assert failed["process"] == "worker1" and failed["kind"] == "clone"
+    assert failed["reason"] == "worker1 is no process of node1's agent"
 
 
 def test_operator_drills_are_routed_and_bad_ones_refused(job):

@@ -13,6 +13,7 @@ import pytest
 from tests.jobs import run_job
 from torchrelay import events as ev
 from torchrelay.control import protocol as p
+from torchrelay.events_criu import CopyFailed, ReplicaCloned
 from torchrelay.ledger import LedgerError, read_ledger
 
 REPORTS = [
@@ -35,6 +36,9 @@ NODE_REPORTS = [
     p.ChaosNotice(fault="partition", ok=True, interfaces=("eth0",), seconds=5.0),
     p.ChaosNotice(fault="partition", ok=False, error="no nft"),
     p.HealthReport(readings=({"node": "node1", "device": 0, "source": "nvml", "t": 5.0},)),
+    p.CopyOutcome(
+        event=CopyFailed(process="worker1", kind="migrate", reason="no", t=2.0).to_json()
+    ),
 ]
 MESSAGES = [
     p.Abort(generation=3),
@@ -75,6 +79,8 @@ COMMANDS = [
     p.StartSpare(avoid=(1, 3)),
     p.Signal(process="worker1", signal=9),
     p.Chaos(fault="kill-node", seconds=0.0),
+    p.CopyProcess(kind="clone", process="worker1", slot=0, generation=2, ordered=1000.5),
+    p.CopyProcess(kind="migrate", process="node1-spare0", slot=1, generation=3, ordered=9.0),
     p.FinishNode(),
 ]
 OTHERS = [
@@ -134,6 +140,9 @@ def test_the_wire_keeps_its_shape():
     assert p.decode_report({"kind": "ready", "process": "spare0", "new": 1}) == p.Ready()
 
 
+COPY = {"type": "copy", "kind": "clone", "process": "w1", "slot": 0, "generation": 1, "ordered": 5}
+NO_REASON = {"event": "copy_failed", "t": 1.0, "process": "w1", "kind": "clone"}
+
 MALFORMED = [
     (p.decode_report, {"kind": "halted", "generation": 0}, "halted: missing field 'committed'"),
     (p.decode_report, {"kind": "progress", "step": "5"}, "progress: step '5' is not a step"),
@@ -155,9 +164,38 @@ MALFORMED = [
     (p.decode_message, {"type": "abort", "generation": -1}, "abort: generation -1 is not"),
     (p.decode_command, {"type": "chaos", "fault": "flood"}, "unknown node fault 'flood'"),
     (p.decode_command, {"type": "signal", "process": "w", "signal": 0}, "signal 0 is not"),
+    (p.decode_command, {**COPY, "kind": "fork"}, "copy: unknown kind of copy 'fork'"),
+    (p.decode_command, {**COPY, "slot": -1}, "copy: slot -1 is not a slot"),
+    (p.decode_command, {**COPY, "generation": "1"}, "copy: generation '1' is not"),
+    (p.decode_command, {**COPY, "ordered": None}, "copy: ordered None is not"),
+    (p.decode_node_report, {"kind": "copied", "event": []}, "copied: event [] is not"),
+    (p.decode_node_report, {"kind": "copied"}, "copied: missing field 'event'"),
+    (p.decode_node_report, {"kind": "copied", "event": {"event": "job_end", "t": 1.0}}, "job_end"),
+    (p.decode_node_report, {"kind": "copied", "event": {"event": "copy_failed"}}, "t None"),
+    (p.decode_node_report, {"kind": "copied", "event": NO_REASON}, "missing field 'reason'"),
     (p.JoinRequest.from_wire, {"role": "boss", "pid": 1, "node": "n"}, "unknown role 'boss'"),
     (p.JoinRequest.from_wire, {"role": "worker", "pid": 1, "node": "n", "slot": -1}, "slot -1"),
 ]
+
+
+def test_a_copys_outcome_comes_back_as_the_ledger_event_it_was():
+    cloned = ReplicaCloned(
+        donor="worker1",
+        process="node1-spare0",
+        slot=0,
+        generation=1,
+        ordered=1.0,
+        parked=1.5,
+        dumped=2.0,
+        restored=2.5,
+        bytes=10**8,
+        dump_seconds=0.5,
+        restore_seconds=0.5,
+        t=3.0,
+    )
+    sent = p.CopyOutcome(event=cloned.to_json()).to_wire()
+    assert sent["kind"] == "copied" and sent["event"]["event"] == "replica_cloned"
+    assert p.decode_node_report(_through_json(sent)).outcome() == cloned
 
 
 @pytest.mark.parametrize("decode,wire,message", MALFORMED)

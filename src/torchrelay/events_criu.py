@@ -4,9 +4,11 @@ a dead slot, a worker moved by a drain. Registered in :data:`torchrelay.events.E
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from torchrelay.event_base import Event
+from torchrelay.ledger import LedgerError
+from torchrelay.typed import registry
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,3 +54,16 @@ class CopyFailed(Event):
     process: str
     kind: str  # "clone" or "migrate"
     reason: str
+
+
+OUTCOMES = registry(ReplicaCloned, WorkerMigrated, CopyFailed)
+
+
+def parse_outcome(entry: Any) -> Event:
+    """What a node agent's copy ended with, as a remote one sends it back (see
+    :class:`torchrelay.control.protocol.CopyOutcome`); :class:`LedgerError` if it is not one."""
+    name = entry.get("event") if isinstance(entry, dict) else None
+    cls = OUTCOMES.get(name) if isinstance(name, str) else None
+    if cls is None:
+        raise LedgerError(f"event {name!r} is not the outcome of a copy")
+    return cls.from_json(entry)

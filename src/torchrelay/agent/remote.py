@@ -2,8 +2,10 @@
 
 It runs a :class:`NodeAgent` for its workers and spares and connects it to the controller on
 node 0 over the control RPC: heartbeats and process exits go out as ``NodeReport``;
-``start_spare``, ``signal`` (fences and drills), ``chaos`` and ``finish`` arrive on
-``NodeWatch``.
+``start_spare``, ``signal`` (fences and drills), ``chaos``, ``copy`` and ``finish`` arrive on
+``NodeWatch``. A ``copy`` (transparent mode: clone a parked replica into a spare of this node,
+or move a drained worker into a copy of itself, see :mod:`torchrelay.agent.cloning`) takes
+seconds: it runs on a thread of its own, and its outcome goes back as a ``copied`` report.
 
 If this process dies, the controller sees the stream drop; if it is cut off, the controller
 sees its heartbeats stop. Either way every process of the node is declared lost. A cut-off
@@ -25,12 +27,15 @@ from torchrelay.agent.agent import NodeAgent
 from torchrelay.agent.signals import ALONGSIDE, STOP_SIGNALS, StopSignals, exit_status
 from torchrelay.agent.standby import Standby
 from torchrelay.config import JobConfig
+from torchrelay.control.actions import CloneReplica, MigrateWorker
 from torchrelay.control.client import ControlClient, ControlError
 from torchrelay.control.endpoint import Endpoint, failover_for
 from torchrelay.control.lease import HEARTBEAT_RPC_TIMEOUT, keep_alive
 from torchrelay.control.protocol import (
     Chaos,
     ChaosNotice,
+    CopyOutcome,
+    CopyProcess,
     FinishNode,
     HealthReport,
     NodeExit,
@@ -39,6 +44,8 @@ from torchrelay.control.protocol import (
     Signal,
     StartSpare,
 )
+from torchrelay.event_base import Event
+from torchrelay.events_criu import CopyFailed
 
 
 class RemoteNode:
@@ -163,6 +170,11 @@ class RemoteNode:
                     self.agent.kill(command.process, command.signal)
                 elif isinstance(command, Chaos):
                     self._chaos(command)
+                elif isinstance(command, CopyProcess):
+                    copying = threading.Thread(
+                        target=self._copy, args=(command,), name="torchrelay-copy", daemon=True
+                    )
+                    copying.start()
                 elif isinstance(command, FinishNode):
                     self._finished = True
                     return
@@ -171,6 +183,26 @@ class RemoteNode:
                 self._say(f"lost the controller ({exc}); stopping this node")
         finally:
             self._stopped.set()
+
+    def _copy(self, command: CopyProcess) -> None:
+        """Carry out a copy as the controller's own agent does, and send its outcome back (a
+        failed copy is a ``copy_failed`` outcome, never an exception)."""
+        order = (command.process, command.slot, command.generation, command.ordered)
+        outcome: Event
+        try:
+            if command.kind == "clone":
+                outcome = self.agent.clone_replica(CloneReplica(*order))
+            else:
+                outcome = self.agent.migrate_worker(MigrateWorker(*order))
+        except KeyError:  # not one of this agent's processes (it started again meanwhile)
+            why = f"{command.process} is no process of {self.node}'s agent"
+            outcome = CopyFailed(process=command.process, kind=command.kind, reason=why)
+        if self._isolated is not None or self._stopped.is_set():
+            return  # nobody to tell: this node is out of the job
+        try:
+            self.client.node_report(self.node, CopyOutcome(event=outcome.to_json()))
+        except ControlError as exc:
+            self._say(f"could not report the copy of {command.process}: {exc}")
 
     def _heartbeat(self, node_timeout: float) -> None:
         def beat() -> float:

@@ -84,7 +84,9 @@ class QuarantineDevice:
 class CloneReplica:
     """Transparent mode: once ``donor`` (told to park) waits on its park channel, have the
     controller's node agent copy it into a new spare that will take ``slot`` (see
-    :mod:`torchrelay.agent.cloning`); the outcome comes back as a ledger event."""
+    :mod:`torchrelay.agent.cloning`); the outcome comes back as a ledger event. A donor on
+    another node is copied by its own agent instead (a :class:`~torchrelay.control.protocol.
+    CopyProcess` sent to it)."""
 
     donor: str
     slot: int
@@ -96,7 +98,8 @@ class CloneReplica:
 class MigrateWorker:
     """Transparent mode: once ``process`` (told to park at a handover's boundary) waits on its
     park channel, have the controller's node agent move it into a restored copy of itself
-    (same name and slot); the outcome comes back as a ledger event."""
+    (same name and slot); the outcome comes back as a ledger event. A worker of another node
+    is moved by its own agent (a :class:`~torchrelay.control.protocol.CopyProcess`)."""
 
     process: str
     slot: int

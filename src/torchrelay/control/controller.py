@@ -40,6 +40,7 @@ from torchrelay.control.outbox import Outbox
 from torchrelay.control.persistence import StatePersister
 from torchrelay.control.pool_side import PoolSide
 from torchrelay.control.protocol import (
+    CopyOutcome,
     HealthReport,
     JoinAnswer,
     JoinRequest,
@@ -264,9 +265,9 @@ class Controller(Coordinator, PoolSide):
             return None
 
     def _copied(self, event: Event) -> None:
-        """The node agent's outcome of a transparent clone (see control.transparent)."""
+        """The local node agent's outcome of a transparent copy (see control.transparent)."""
         with self._transition():
-            self._apply(transparent.copied(self.job, event))
+            self._apply(transparent.copied(self.job, event, self.job.local_node))
 
     def on_exit(self, process: str, returncode: int) -> None:
         """The agent saw ``process`` exit with ``returncode`` (negative: killed by a signal)."""
@@ -320,8 +321,8 @@ class Controller(Coordinator, PoolSide):
             )
 
     def node_report(self, node: str, report: NodeReport) -> None:
-        """A remote agent's heartbeat, a process exit it saw, or the start of a chaos drill
-        (see :func:`departures.node_report`)."""
+        """A remote agent's heartbeat, a process exit it saw, the start of a chaos drill (see
+        :func:`departures.node_report`), or the outcome of a copy (:func:`transparent.copied`)."""
         with self._transition():
             now = time.time()
             actions = departures.node_report(
@@ -329,6 +330,8 @@ class Controller(Coordinator, PoolSide):
             )
             if isinstance(report, HealthReport):
                 actions += self._health.readings(self.job, node, report.readings, now)
+            if isinstance(report, CopyOutcome):
+                actions += transparent.copied(self.job, report.outcome(), node)
             self._apply(actions)
 
     def health(self, node: str, readings: tuple[dict[str, Any], ...]) -> None:

@@ -4,7 +4,9 @@ It owns what cannot be plain state: the outbox of every process and node agent (
 streams read them), the local node agent, the ledger and the refused-request counter. Actions
 are applied in order, under the controller's lock; none of them blocks (an outbox put and a
 ledger append return at once, the agent only sends a signal or starts a process; a transparent
-clone runs on a thread of its own and comes back through ``copied``).
+copy runs on a thread of its own and comes back through ``copied``). A copy on another node
+is no action of its own here: it goes to that node's agent as a ``copy`` command
+(:class:`SendToNode`), whose outcome comes back as the agent's report.
 """
 
 from __future__ import annotations

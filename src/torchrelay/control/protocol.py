@@ -7,10 +7,9 @@ Four directions, each a family of frozen dataclasses named on the wire by one ke
   ``Join`` request and its :class:`JoinAnswer`, and the heartbeat's :class:`Lease`;
 * controller -> worker, on its watch stream (``Message``, key ``type``): ``abort``, ``plan``,
   ``finish``;
-* node agent -> controller (``NodeReport``, key ``kind``): ``heartbeat``, ``exit``, ``chaos``
-  (its notice about a drill); plus :class:`NodeJoin` and :class:`NodeJoinAnswer`;
-* controller -> node agent (``Command``, key ``type``): ``start_spare``, ``signal``, ``chaos``,
-  ``finish``.
+* node agent -> controller (``NodeReport``, key ``kind``) and controller -> node agent
+  (``Command``, key ``type``): defined in :mod:`torchrelay.control.node_protocol`, re-exported
+  here.
 
 ``to_wire()`` is the JSON object that is sealed (:mod:`torchrelay.control.wire`); the client adds
 the sender's ``process`` to a request. ``from_wire(obj)`` checks every field's type and range
@@ -29,31 +28,40 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from torchrelay.chaos import NODE_ACTIONS
-from torchrelay.control.errors import ProtocolError
-from torchrelay.typed import Plain, at_least, optional, registry, step
+from torchrelay.control.errors import ProtocolError  # noqa: F401 (re-exported)
 
-GENERATION = "a generation (an integer >= 0)"
-# A spare is in no generation until a plan gives it a slot.
-MEMBER_GENERATION = "a generation (an integer >= 0, or -1 for a spare without a slot)"
+# The node agents' families: every control message can be imported from here.
+from torchrelay.control.node_protocol import (  # noqa: F401 (re-exported)
+    COMMANDS,
+    COPY_KINDS,
+    NODE_REPORTS,
+    Chaos,
+    ChaosNotice,
+    Command,
+    CopyOutcome,
+    CopyProcess,
+    FinishNode,
+    HealthReport,
+    NodeExit,
+    NodeHeartbeat,
+    NodeJoin,
+    NodeJoinAnswer,
+    NodeReport,
+    Signal,
+    StartSpare,
+    decode_command,
+    decode_node_report,
+)
+from torchrelay.control.protocol_base import (
+    GENERATION,
+    MEMBER_GENERATION,
+    Wire,
+    decode_family,
+    member_generation,
+)
+from torchrelay.typed import at_least, optional, registry, step
+
 ROLES = ("worker", "spare")
-
-
-class Wire(Plain):
-    """A control message: ``to_wire`` / ``from_wire`` over :class:`Plain`."""
-
-    ERROR: ClassVar[type[Exception]] = ProtocolError
-
-    def to_wire(self) -> dict[str, Any]:
-        return self.to_plain()
-
-    @classmethod
-    def from_wire(cls, wire: Any) -> Any:
-        return cls.from_plain(wire)
-
-
-def _generation() -> Any:
-    return at_least(-1, MEMBER_GENERATION, default=None, omit=True)
 
 
 # --------------------------------------------------------------------- worker -> controller
@@ -89,7 +97,7 @@ class Report(Wire):
     """A worker's report; ``generation`` is the one it reports from (None: not said)."""
 
     KEY: ClassVar[str] = "kind"
-    generation: int | None = _generation()
+    generation: int | None = member_generation()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -256,138 +264,17 @@ class Finish(Message):
     TAG: ClassVar[str] = "finish"
 
 
-# --------------------------------------------------------------------- node agent -> controller
-@dataclass(frozen=True, kw_only=True)
-class NodeJoin(Wire):
-    node: str
-
-
-@dataclass(frozen=True, kw_only=True)
-class NodeJoinAnswer(Wire):
-    world_size: int = at_least(1, "a world size (an integer >= 1)")
-    node_timeout: float = at_least(0.0, "a timeout in seconds (>= 0)")
-
-
-@dataclass(frozen=True, kw_only=True)
-class NodeReport(Wire):
-    KEY: ClassVar[str] = "kind"
-
-
-@dataclass(frozen=True, kw_only=True)
-class NodeHeartbeat(NodeReport):
-    TAG: ClassVar[str] = "heartbeat"
-
-
-@dataclass(frozen=True, kw_only=True)
-class NodeExit(NodeReport):
-    """Process ``exited`` ended with ``returncode`` (negative: killed by that signal)."""
-
-    TAG: ClassVar[str] = "exit"
-    exited: str
-    returncode: int
-
-
-@dataclass(frozen=True, kw_only=True)
-class HealthReport(NodeReport):
-    """One poll of the node's health readings (see :class:`torchrelay.health.Reading`; each is
-    checked by the controller when it reads them)."""
-
-    TAG: ClassVar[str] = "health"
-    readings: tuple[dict[str, Any], ...]
-
-
-@dataclass(frozen=True, kw_only=True)
-class ChaosNotice(NodeReport):
-    """What the agent does about a node drill: ``ok`` (with the interfaces it cuts and for how
-    long), or why it cannot (``error``)."""
-
-    TAG: ClassVar[str] = "chaos"
-    fault: str
-    ok: bool
-    interfaces: tuple[str, ...] | None = optional()
-    seconds: float | None = optional()
-    error: str | None = optional()
-
-    def details(self) -> dict[str, Any]:
-        """The notice as the operator's ``torchrelay chaos`` and the ledger show it."""
-        return {k: v for k, v in self.to_wire().items() if k != self.KEY}
-
-
-# --------------------------------------------------------------------- controller -> node agent
-@dataclass(frozen=True, kw_only=True)
-class Command(Wire):
-    KEY: ClassVar[str] = "type"
-
-
-@dataclass(frozen=True, kw_only=True)
-class StartSpare(Command):
-    """Start a spare, on none of the ``avoid`` devices (quarantined: judged unhealthy)."""
-
-    TAG: ClassVar[str] = "start_spare"
-    avoid: tuple[int, ...] | None = optional()
-
-
-@dataclass(frozen=True, kw_only=True)
-class Signal(Command):
-    TAG: ClassVar[str] = "signal"
-    process: str
-    signal: int = at_least(1, "a signal number (an integer >= 1)")
-
-
-@dataclass(frozen=True, kw_only=True)
-class Chaos(Command):
-    """Carry out a node drill: ``partition`` for ``seconds``, or ``kill-node``."""
-
-    TAG: ClassVar[str] = "chaos"
-    fault: str
-    seconds: float = at_least(0.0, "a duration (>= 0)", default=0.0)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.fault not in NODE_ACTIONS:
-            self._refuse(f"unknown node fault {self.fault!r}")
-
-
-@dataclass(frozen=True, kw_only=True)
-class FinishNode(Command):
-    """The job is over: the node agent stops serving (``{"type": "finish"}`` as for workers)."""
-
-    TAG: ClassVar[str] = "finish"
-
-
 REPORTS = registry(
     MaxSteps, Progress, Ready, Halted, PhaseDone, Done, ErrorReport, ChaosFired, WarningReport
 )
-NODE_REPORTS = registry(NodeHeartbeat, NodeExit, HealthReport, ChaosNotice)
 MESSAGES = registry(Abort, Plan, Handover, Retire, Park, Finish)
-COMMANDS = registry(StartSpare, Signal, Chaos, FinishNode)
-
-
-def _decode(family: dict[str, type[Plain]], key: str, what: str, wire: Any) -> Any:
-    if not isinstance(wire, dict):
-        raise ProtocolError(f"a {what} must be a JSON object, not {type(wire).__name__}")
-    tag = wire.get(key)
-    cls = family.get(tag) if isinstance(tag, str) else None
-    if cls is None:
-        raise ProtocolError(f"unknown {what} {key} {tag!r}")
-    return cls.from_plain(wire)
 
 
 def decode_report(wire: Any) -> Report:
     """A worker's report, by its ``kind``."""
-    return _decode(REPORTS, "kind", "report", wire)
-
-
-def decode_node_report(wire: Any) -> NodeReport:
-    """A node agent's report, by its ``kind``."""
-    return _decode(NODE_REPORTS, "kind", "node report", wire)
+    return decode_family(REPORTS, "kind", "report", wire)
 
 
 def decode_message(wire: Any) -> Message:
     """A message on a worker's watch stream, by its ``type``."""
-    return _decode(MESSAGES, "type", "message", wire)
-
-
-def decode_command(wire: Any) -> Command:
-    """A command on a node agent's stream, by its ``type``."""
-    return _decode(COMMANDS, "type", "command", wire)
+    return decode_family(MESSAGES, "type", "message", wire)

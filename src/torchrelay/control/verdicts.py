@@ -181,7 +181,7 @@ def no_spare_reason(
     if transparent:  # it keeps no spare: a live replica is cloned (docs/transparent.md)
         return (
             f"{lost}; --transparent could not clone a live replica into their place (no "
-            "survivor on the controller's node, or the copy failed: see the ledger's copy_failed)"
+            "survivor left, or the copy failed: see the ledger's copy_failed)"
         )
     return (
         f"{lost} and no spare can replace them: none is ready, starting or being launched "
