@@ -5,7 +5,9 @@ wait is on a store key, with the store's timeout as the only net."""
 from __future__ import annotations
 
 import datetime
+import json
 import multiprocessing
+import os
 import socket
 
 import pytest
@@ -15,6 +17,7 @@ import torch.distributed as dist
 from tests.etcd import free_port
 from torchrelay.runtime.devices import abort_group, cuttable, new_group
 from torchrelay.runtime.facade import StableProcessGroup
+from torchrelay.runtime.gloo_cut import PairSockets
 from torchrelay.runtime.guard import StepGuard
 
 TIMEOUT = datetime.timedelta(seconds=60)
@@ -76,16 +79,33 @@ def test_an_aborted_all_reduce_never_writes_into_the_callers_buffer_even_when_th
 
 
 def test_a_cut_touches_only_the_groups_own_connections():
-    """A socket opened by someone else in the same process survives the cut of a group."""
-    port = free_port()
-    store = dist.TCPStore("127.0.0.1", port, 1, True, timeout=TIMEOUT)
-    listener = socket.create_server(("127.0.0.1", 0))
-    other = socket.create_connection(listener.getsockname())
-    accepted, _ = listener.accept()
-    group = new_group(dist.PrefixStore("g0", store), 0, 1, TIMEOUT, torch.device("cpu"))
-    assert not cuttable(group)  # a group of one has no connections: private copies
-    abort_group(group)
+    """Of the connections that appeared while a group was built, those to or from a listening
+    port of the group are shut down; another one (a thread's own) is left open."""
+    own, peers, elsewhere = (socket.create_server(("127.0.0.1", 0)) for _ in range(3))
+    inbound = socket.create_connection(own.getsockname())  # a peer connecting to us
+    accepted, _ = own.accept()
+    outbound = socket.create_connection(peers.getsockname())  # us connecting to a peer
+    at_peer, _ = peers.accept()
+    other = socket.create_connection(elsewhere.getsockname())  # someone else's connection
+    at_other, _ = elsewhere.accept()
+    store = dist.HashStore()
+    store.set("listen/1", json.dumps([peers.getsockname()[1]]))
+    candidates = {
+        os.dup(s.fileno()): (s.getsockname()[1], s.getpeername()[1])
+        for s in (accepted, outbound, other)
+    }
+    pairs = PairSockets(candidates, {own.getsockname()[1]}, store, ["listen/1"])
+    assert pairs.resolve()
+    pairs.cut()
+    assert inbound.recv(1) == b"" and at_peer.recv(1) == b""  # both ends see the close
     other.sendall(b"still open")
-    assert accepted.recv(16) == b"still open"
-    for sock in (other, accepted, listener):
+    assert at_other.recv(16) == b"still open"
+    for sock in (own, peers, elsewhere, inbound, accepted, outbound, at_peer, other, at_other):
         sock.close()
+
+
+def test_a_group_of_one_runs_on_private_copies():
+    store = dist.TCPStore("127.0.0.1", free_port(), 1, True, timeout=TIMEOUT)
+    group = new_group(dist.PrefixStore("g0", store), 0, 1, TIMEOUT, torch.device("cpu"))
+    assert not cuttable(group)  # no connections to cut
+    abort_group(group)
