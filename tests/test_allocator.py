@@ -15,7 +15,7 @@ torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.Linear(1024, 512))
 optimizer = torch.optim.AdamW(model.parameters())
 faults = []
-for _ in range(12):
+for _ in range(40):
     for p in model.parameters():
         p.grad = torch.ones_like(p)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -36,8 +36,10 @@ def _probe(mode: str) -> dict:
 def test_an_optimizers_steps_stop_faulting_once_freed_memory_is_kept():
     kept = _probe("keep")
     assert kept["kept"] is True
-    # The first steps grow the heap; from the fourth on, each step reuses what the one before
-    # freed (AdamW's temporaries, ~2,000 pages a step for this model when handed back).
-    assert all(f < 50 for f in kept["faults"][4:]), kept
-    default = _probe("default")  # the premise: glibc's own thresholds never settle here
-    assert sum(default["faults"][4:]) > 1000, default
+    default = _probe("default")
+    # After the first steps have grown the heap, glibc's own thresholds hand AdamW's
+    # temporaries back every step (27,000-40,000 faults over steps 8-39 in ten runs here);
+    # with freed memory kept, those steps fault rarely (0-1,024 in all, where the heap's
+    # layout still shifts once or twice). Compared within one test, as the layout varies.
+    assert sum(kept["faults"][8:]) * 10 < sum(default["faults"][8:]), (kept, default)
+    assert sum(kept["faults"][8:]) <= 4096, kept  # at most a few 2 MB shifts in 32 steps

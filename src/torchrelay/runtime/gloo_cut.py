@@ -85,12 +85,7 @@ class PairSockets:
         port are known to be its own: the group's collectives never ran in place then."""
         with self._lock:
             if self._pairs is None:
-                self._pairs = [
-                    fd for fd, (local, _) in self._candidates.items() if local in self._mine
-                ]
-                for fd in set(self._candidates) - set(self._pairs):
-                    os.close(fd)
-                self._candidates = {}
+                self._pairs = self._match(set())  # no peer's ports: only our own listener's
             fds, self._pairs = self._pairs, []
         for fd in fds:
             with contextlib.suppress(OSError):
