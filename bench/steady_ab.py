@@ -6,14 +6,17 @@ benchmark runs both paths in the same two processes, interleaved in short blocks
 
 - **A, plain DDP**: a DDP model over a plain gloo group, as under torchrun;
 - **B, torchrelay's step**: an identical model and optimizer, DDP over the relay's
-  :class:`~torchrelay.runtime.facade.StableProcessGroup` bound to a second gloo group (its
-  collectives through private copies), the optimizer guarded (:func:`guard_optimizer`), and
-  what ``relay.steps()`` does around each step: the guard's new step and the per-step seeding
-  (:func:`~torchrelay.runtime.rng.seed_all`), the tracked state's snapshot.
+  :class:`~torchrelay.runtime.facade.StableProcessGroup` bound to a second gloo group made as
+  a job makes it (collectives in place, on a group whose connections can be cut), the optimizer
+  guarded (:func:`guard_optimizer`), and what ``relay.steps()`` does around each step: the
+  guard's new step and the per-step seeding (:func:`~torchrelay.runtime.rng.seed_all`), the
+  tracked state's snapshot. ``--facade-only`` leaves out the per-step work; ``--unguarded``
+  also the stable group's guard (its collectives go straight to the inner group), to measure
+  what the guard costs.
 
 Each round runs ``--block`` steps of A, then of B (their order alternates between rounds), on the
 same batches (``bench.workload``'s small model unless ``--model``); per block, the wall time and
-the process's CPU time (every thread: gloo's and the copy-back callbacks included) per step.
+the process's CPU time (every thread: gloo's and the completion callbacks included) per step.
 The ratios B/A are taken per round, a fraction of a second apart, and summarised as median and
 quartiles. Not measured here (they are not per-step costs of the training thread): the
 heartbeat and control threads, and the commit report, which go through ``bench.steady_check``.
@@ -50,7 +53,14 @@ def _timed_block(step_fn: Any, steps: range) -> tuple[float, float, float]:
 
 
 def _worker(
-    rank: int, port: int, model_size: str, rounds: int, block: int, out: Path, facade_only: bool
+    rank: int,
+    port: int,
+    model_size: str,
+    rounds: int,
+    block: int,
+    out: Path,
+    facade_only: bool,
+    unguarded: bool,
 ) -> None:
     import torch
     import torch.distributed as dist
@@ -77,8 +87,16 @@ def _worker(
     plain = dist.group.WORLD
     # B's communicator as the runtime makes it (a gloo group whose connections can be cut).
     inner = new_group(dist.PrefixStore("relay", store), rank, WORLD, timeout, torch.device("cpu"))
+
+    class Unguarded(StableProcessGroup):
+        """The stable group's Python dispatch with every collective sent straight to the
+        inner group: no guard, no callback. B with it measures what the guard costs."""
+
+        def _run(self, outputs: list[Any], launch: Any, *_: Any, **__: Any) -> Any:
+            return launch(self.inner, outputs)
+
     guard = StepGuard()
-    facade = StableProcessGroup(WORLD, guard)
+    facade = (Unguarded if unguarded else StableProcessGroup)(WORLD, guard)
     facade.bind(inner, rank, 0)
 
     model_a = DDP(build_model(model_size), process_group=plain)
@@ -131,7 +149,12 @@ def _quartiles(values: list[float]) -> tuple[float, float, float]:
 
 
 def measure(
-    model: str, rounds: int, block: int, facade_only: bool = False, timeout_s: float = 900.0
+    model: str,
+    rounds: int,
+    block: int,
+    facade_only: bool = False,
+    unguarded: bool = False,
+    timeout_s: float = 900.0,
 ) -> dict[str, Any]:
     """Runs the two processes; returns per-round figures and the B/A ratios' quartiles."""
     port = free_port()
@@ -140,6 +163,7 @@ def measure(
         args = ["--port", str(port), "--model", model, "--rounds", str(rounds)]
         args += ["--block", str(block), "--out", str(out)]
         args += ["--facade-only"] if facade_only else []
+        args += ["--unguarded"] if unguarded else []
         children = [
             procs.start(
                 [sys.executable, "-m", "bench.steady_ab", "--rank", str(r), *args],
@@ -180,12 +204,18 @@ def main() -> None:
         action="store_true",
         help="B without the per-step work of relay.steps(): the collective path alone",
     )
+    parser.add_argument(
+        "--unguarded",
+        action="store_true",
+        help="B's stable group sends every collective straight to its inner group (no step "
+        "guard, no completion callback): what the guard costs, not a way to train",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write every figure here")
     a = parser.parse_args()
     if a.rank is not None:
-        _worker(a.rank, a.port, a.model, a.rounds, a.block, a.out, a.facade_only)
+        _worker(a.rank, a.port, a.model, a.rounds, a.block, a.out, a.facade_only, a.unguarded)
         return
-    r = measure(a.model, a.rounds, a.block, a.facade_only)
+    r = measure(a.model, a.rounds, a.block, a.facade_only, a.unguarded)
     for name in ("wall", "cpu"):
         q1, q2, q3 = r[name]["ratio_quartiles"]
         print(

@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -48,7 +49,8 @@ from torchrelay.runtime.devices import abort_group, cuttable
 from torchrelay.runtime.guard import StepGuard
 from torchrelay.runtime.hosting import Contributions
 
-Launch = Callable[[dist.ProcessGroup], dist.Work]
+# Starts a collective on a communicator, writing into the given tensors.
+Launch = Callable[[dist.ProcessGroup, list[torch.Tensor]], dist.Work]
 # A safety net, never a pace: a cut ends a gloo work in about a millisecond (gloo_cut).
 CUT_GRACE_S = 30.0
 
@@ -216,7 +218,7 @@ class StableProcessGroup(dist.ProcessGroup):
     def _run(
         self,
         outputs: list[torch.Tensor],
-        launch: Callable[..., dist.Work],
+        launch: Launch,
         local: Callable[[], None],
         result: Any = None,
         expand: Callable[[list[torch.Tensor]], None] | None = None,
@@ -230,11 +232,18 @@ class StableProcessGroup(dist.ProcessGroup):
             return _completed(result)
         # In place where an abort ends the inner work for good (a cut gloo group), else on
         # private copies that a dead generation may go on writing into.
-        in_place = cuttable(inner)
-        scratch = outputs if in_place else [t.detach().clone() for t in outputs]
+        call = _Collective(outputs, launch, result, expand)
+        if cuttable(inner) and not self._silenced:
+            return _in_place(self._guard, inner, call)
+        return self._on_copies(inner, call)
+
+    def _on_copies(self, inner: dist.ProcessGroup, call: _Collective) -> dist.Work:
+        """The collective on private copies, copied back only if it succeeds; an abort (or a
+        silenced communicator's) releases the caller at once and abandons the copies."""
+        outputs, result, expand = call.outputs, call.result, call.expand
+        scratch = [t.detach().clone() for t in outputs]
         future: Future[Any] = Future()
         settled = threading.Lock()
-        ended = threading.Event()  # the inner work is over (or never started)
         guard = self._guard
 
         def settle(ok: bool, error: str = "") -> None:
@@ -243,34 +252,22 @@ class StableProcessGroup(dist.ProcessGroup):
             if ok:
                 if expand is not None:
                     expand(scratch)
-                if not in_place:
-                    for target, value in zip(outputs, scratch, strict=True):
-                        target.copy_(value)
+                for target, value in zip(outputs, scratch, strict=True):
+                    target.copy_(value)
             else:
                 guard.poison(error or "collective aborted")
             future.set_result(result)
 
-        def on_abort(_: bool) -> None:
-            if not in_place:
-                settle(False, "generation aborted")
-                return
-            # The caller's buffers are the work's: release the caller only once the work has
-            # ended, which the cut makes immediate.
-            abort_group(inner)
-            threading.Thread(target=_await_end, args=(ended, settle), daemon=True).start()
-
-        ticket = guard.track(on_abort)
+        ticket = guard.track(lambda _ok: settle(False, "generation aborted"))
         if ticket is None:
             settle(False, "generation aborted")
             return _create_work_from_future(future)
         if self._silenced:
-            ended.set()
             return _create_work_from_future(future)
         try:
-            work = launch(inner, scratch)
+            work = call.launch(inner, scratch)
         except RuntimeError as exc:
             guard.untrack(ticket)
-            ended.set()
             settle(False, f"collective failed to start: {exc}")
             return _create_work_from_future(future)
 
@@ -279,24 +276,72 @@ class StableProcessGroup(dist.ProcessGroup):
             try:
                 inner_future.wait()
             except RuntimeError as exc:
-                ended.set()
                 settle(False, f"collective failed: {exc}")
                 return
-            ended.set()
             settle(True)
 
         work.get_future().add_done_callback(on_done)
         return _create_work_from_future(future)
 
 
-def _await_end(ended: threading.Event, settle: Callable[[bool, str], None]) -> None:
-    """Settle an aborted in-place collective once its work has ended (or never started). After
-    a cut, a work ends within milliseconds; one that does not may still write into the
-    caller's buffers during a later step: this process then leaves (the job replaces it like
-    any failed worker) rather than risk it."""
-    if ended.wait(CUT_GRACE_S):
-        settle(False, "generation aborted")
-    else:
+@dataclass(frozen=True)
+class _Collective:
+    """One collective call: the tensors it writes, how to start it on a communicator, what
+    its future holds, and what to do with the outputs once it succeeded (``None``: nothing)."""
+
+    outputs: list[torch.Tensor]
+    launch: Launch
+    result: Any
+    expand: Callable[[list[torch.Tensor]], None] | None
+
+
+def _in_place(guard: StepGuard, inner: dist.ProcessGroup, call: _Collective) -> dist.Work:
+    """The collective in the caller's own tensors, on a group that :func:`abort_group` cuts.
+
+    The caller's future is the inner work's, chained by one callback that turns a failure
+    into a poisoned step: it completes only once the inner work has ended, so nothing of an
+    aborted generation writes into the caller's buffers after it is released. An abort cuts
+    the group, which ends the work within milliseconds (see :func:`_await_end` for one that
+    does not). One callback on gloo's thread and no future of our own: the steady state's
+    whole cost per collective (``bench.steady_ab``)."""
+    ended = threading.Event()
+
+    def on_abort(_ok: bool) -> None:
+        abort_group(inner)
+        threading.Thread(target=_await_end, args=(ended,), daemon=True).start()
+
+    ticket = guard.track(on_abort)
+    if ticket is None:
+        guard.poison("generation aborted")
+        return _completed(call.result)
+    try:
+        work = call.launch(inner, call.outputs)
+    except RuntimeError as exc:
+        guard.untrack(ticket)
+        guard.poison(f"collective failed to start: {exc}")
+        return _completed(call.result)
+
+    def finish(done: Future[Any]) -> Any:
+        guard.untrack(ticket)
+        ended.set()
+        try:
+            done.wait()
+        except RuntimeError as exc:
+            guard.poison(f"collective failed: {exc}")
+            return call.result
+        if call.expand is not None:
+            call.expand(call.outputs)
+        return call.result
+
+    return _create_work_from_future(work.get_future().then(finish))
+
+
+def _await_end(ended: threading.Event) -> None:
+    """Watch an aborted in-place collective: after a cut, its work ends within milliseconds
+    (which releases the caller); one that does not may still write into the caller's buffers
+    during a later step: this process then leaves (the job replaces it like any failed
+    worker) rather than risk it."""
+    if not ended.wait(CUT_GRACE_S):
         leave(
             EXIT_COMMUNICATOR_STUCK,
             f"a collective of an aborted generation did not end {CUT_GRACE_S:.0f} s after its "
