@@ -35,6 +35,7 @@ from torchrelay.exits import EXIT_CONTROLLER_LOST, EXIT_FENCED, leave
 from torchrelay.runtime.default_group import REINIT_ADVICE, is_reinit_error
 from torchrelay.runtime.facade import StableProcessGroup
 from torchrelay.runtime.guard import StepGuard
+from torchrelay.runtime.posting import Poster
 from torchrelay.runtime.timing import StepTimer
 
 # A worker that has not got a heartbeat through for this many hang timeouts leaves on its own:
@@ -62,9 +63,11 @@ class ControlLink:
     _unparked: threading.Event  # cleared while transparent mode's park closed the connection
     _watch_paused: threading.Event
     _beating: threading.Lock
+    _poster: Poster
 
     def _send(self, report: Report) -> dict[str, Any]:
-        """Send ``report`` from this process's generation."""
+        """Send ``report`` from this process's generation, after the reports posted before."""
+        self._poster.flush()
         report = dataclasses.replace(report, generation=self.generation)
         if isinstance(report, Halted) and report.last_commit_t is None:
             # How long the survivors stall is measured from their last commit.
@@ -74,6 +77,12 @@ class ControlLink:
         except ControlError as exc:
             _die_on_control_error(exc)
             raise
+
+    def _post(self, report: Report) -> None:
+        """Send ``report`` (from this process's generation now) without waiting for the
+        controller: for reports whose answer nobody reads, on the critical path (see
+        :mod:`torchrelay.runtime.posting`)."""
+        self._poster.post(dataclasses.replace(report, generation=self.generation))
 
     def _on_new_leader(self, endpoint: Endpoint) -> None:
         """A standby leads the job now (the client moved to it): tell it again what this
@@ -153,6 +162,13 @@ class ControlLink:
                 _die_on_control_error(exc)
 
         keep_alive(beat, self._closing, failed, expired)
+
+
+def posted_report_failed(report: Report, exc: Exception) -> None:
+    """A posted report failed: the process ends as a synchronous report's failure ends it."""
+    if isinstance(exc, ControlError):
+        _die_on_control_error(exc)
+    leave(1, f"the controller did not take this process's {type(report).TAG} report: {exc}")
 
 
 def _die_on_control_error(exc: ControlError) -> None:

@@ -34,6 +34,7 @@ from torchrelay.exits import EXIT_CONTROLLER_LOST, leave
 from torchrelay.runtime import default_group
 from torchrelay.runtime.env import RelayEnv, host_pid
 from torchrelay.runtime.facade import StableProcessGroup
+from torchrelay.runtime.posting import Poster
 from torchrelay.transparent import park
 
 # How long the watch thread may take to notice its stream was closed (it is at once).
@@ -57,8 +58,10 @@ class Parking:
     _unparked: threading.Event  # cleared while parked: heartbeats and the watch wait
     _beating: threading.Lock  # held by a heartbeat's RPC
     _watch_paused: threading.Event  # the watch thread noticed the park
+    _poster: Poster
 
     def _park(self) -> None:
+        self._poster.flush()  # what was posted goes out before the connection closes
         self._unparked.clear()
         with self._beating:
             pass  # the heartbeat in flight, if any, is over; none starts while parked

@@ -254,7 +254,7 @@ class Recovery:
         if self._first_after_recovery:
             self._first_after_recovery = False
             resumed = Progress(step=self.committed, first_after_recovery=True, t=time.time())
-            self._send(resumed)
+            self._post(resumed)
 
     def _finish(self) -> bool:
         """At the last step: wait for the job's end, serving recoveries meanwhile."""
@@ -389,5 +389,5 @@ class Recovery:
             bytes=0 if result is None else result.bytes,
             seconds=0.0 if result is None else result.seconds,
         )
-        self._send(done)
+        self._post(done)
         self._first_after_recovery = True

@@ -43,7 +43,7 @@ from torchrelay.runtime import default_group
 from torchrelay.runtime.allocator import keep_freed_memory
 from torchrelay.runtime.chaos_inject import ChaosInjection
 from torchrelay.runtime.checkpoint import Checkpointer, resume_from_environ
-from torchrelay.runtime.control_link import ControlLink, install_excepthook
+from torchrelay.runtime.control_link import ControlLink, install_excepthook, posted_report_failed
 from torchrelay.runtime.data import (
     loader_steps_per_epoch,
     sampler_loader,
@@ -56,6 +56,7 @@ from torchrelay.runtime.env import RelayEnv, host_pid
 from torchrelay.runtime.facade import StableProcessGroup
 from torchrelay.runtime.guard import StepGuard, guard_optimizer
 from torchrelay.runtime.parking import Parking
+from torchrelay.runtime.posting import Poster
 from torchrelay.runtime.recovery import Recovery
 from torchrelay.runtime.replicas import AgreementCheck, LocalMirror, describe
 from torchrelay.runtime.rng import SETUP_STEP, seed_all
@@ -111,6 +112,7 @@ class Relay(ControlLink, Recovery, ChaosInjection, Parking):
         self._unparked.set()
         self._watch_paused = threading.Event()
         self._beating = threading.Lock()
+        self._poster = Poster(lambda report: self._client.send(report), posted_report_failed)
         self.timer = StepTimer()
         self.checkpoints = Checkpointer.from_environ(
             env.world_size,
