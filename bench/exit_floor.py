@@ -9,7 +9,10 @@ detection, torchrelay's included (``detect`` in ``bench.stall``).
 Each sample starts a child that builds ``bench.workload``'s model and an AdamW optimizer, runs
 one step, writes the time and SIGKILLs itself; the parent reads the time and waits for it
 (``Popen.wait``: ``waitpid``). Variants show where the time goes: a bare interpreter, one that
-only imported torch, and the training process.
+only imported torch, and the training process, started fresh or forked from a node's template
+(``agent.template``, as torchrelay starts workers and spares: the pages importing torch dirtied
+are then the template's, and the kernel does not free them when the child dies; that sample is
+timed to the agent's handle, the template's report included).
 """
 
 from __future__ import annotations
@@ -18,9 +21,12 @@ import argparse
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 from bench.procs import worker_env
+from torchrelay.agent.template import NodeTemplate
 
 _DIE = """
 import os, signal, time
@@ -52,6 +58,34 @@ def kill_to_reaped(prelude: str) -> float:
     return time.time() - killed_at
 
 
+def forked_kill_to_reaped(prelude: str, samples: int) -> list[float]:
+    """:func:`kill_to_reaped` for children forked from one template, as the agent forks them."""
+    with tempfile.TemporaryDirectory(prefix="exit-floor-") as tmp:
+        script = Path(tmp) / "die.py"
+        script.write_text(prelude + _DIE)
+        template = NodeTemplate(Path(tmp) / "template.log")
+        template.start(worker_env())
+        try:
+            seconds = []
+            for _ in range(samples):
+                child = template.fork([str(script)], worker_env())
+                killed_at = float(child.stdout.readline())
+                child.wait()
+                seconds.append(time.time() - killed_at)
+                child.stdout.close()
+            return seconds
+        finally:
+            template.close()
+
+
+def _print(label: str, seconds: list[float]) -> None:
+    print(
+        f"{label}: kill -> reaped {1e3 * statistics.median(seconds):.1f} ms "
+        f"median ({1e3 * min(seconds):.1f}-{1e3 * max(seconds):.1f}), {len(seconds)} samples",
+        flush=True,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--samples", type=int, default=7)
@@ -59,12 +93,12 @@ def main() -> None:
     args = parser.parse_args()
     for name, prelude in VARIANTS.items():
         seconds = [kill_to_reaped(prelude.format(model=args.model)) for _ in range(args.samples)]
-        label = name.format(model=args.model)
-        print(
-            f"{label}: kill -> reaped {1e3 * statistics.median(seconds):.1f} ms "
-            f"median ({1e3 * min(seconds):.1f}-{1e3 * max(seconds):.1f}), {len(seconds)} samples",
-            flush=True,
-        )
+        _print(name.format(model=args.model), seconds)
+    train = _TRAIN.format(model=args.model)
+    _print(
+        f"training process ({args.model}), forked from a template",
+        forked_kill_to_reaped(train, args.samples),
+    )
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """``python -m bench.spare_side``: the spare side of a recovery (issue 15), in one run.
 
 torchrelay jobs of the shared workload (``bench/workload.py``, 2 workers, 1 spare) run with and
-without the spare template (``--no-spare-template``), each failure-free and with 3 SIGKILLs,
-alternated in ``--pairs`` rounds so that both variants see the same load. Per variant:
+without the node's template (``--no-template``: workers and spares start as fresh interpreters),
+each failure-free and with 3 SIGKILLs, alternated in ``--pairs`` rounds so that both variants
+see the same load. Per variant:
 
 - **first step / median step**: for each recovery, the ledger's ``transfer_done ->
   first_step`` over the median gap between consecutive commits before the kill (rank 0's
@@ -10,6 +11,11 @@ alternated in ``--pairs`` rounds so that both variants see the same load. Per va
 - **refill CPU s**: the CPU seconds a refill spare (one started after the job's first failure)
   used until it reported ready (``spare_ready.cpu_seconds``, its own since fork or exec), plus,
   for a forked one, the template's CPU for the fork (``template.log``);
+- **detect ms**: each kill -> the ledger's ``detected`` (the kernel's teardown of the killed
+  process is most of it: ``bench.exit_floor``);
+- **start s** and **job CPU s**, failure-free: the launcher's ``job_start`` -> rank 0's first
+  commit, and the CPU seconds of the whole job (launcher, template, workers, spare: the bench's
+  ``RUSAGE_CHILDREN``, which counts every descendant reaped below it);
 - **end-to-end ratio**: launch-to-exit time with 3 kills over the failure-free job's, within
   the same round; and the same ratio of the **training span** (first to last commit), which
   leaves out the start-up (seconds of ``import torch`` that a loaded machine stretches at
@@ -21,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import resource
 import statistics
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -32,7 +39,7 @@ from bench import metrics
 from bench.runner import _kills
 from bench.systems import RunSpec, TorchrelaySpare
 
-VARIANTS = {"template": (), "no template": ("--no-spare-template",)}
+VARIANTS = {"template": (), "no template": ("--no-template",)}
 FORKED = re.compile(r"forked pid (\d+) in [\d.]+ ms \(([\d.]+) ms of CPU\)")
 
 
@@ -44,6 +51,9 @@ class VariantFigures:
     refill_cpu_s: list[float] = field(default_factory=list)
     end_to_end_ratios: list[float] = field(default_factory=list)
     span_ratios: list[float] = field(default_factory=list)
+    detect_ms: list[float] = field(default_factory=list)
+    start_s: list[float] = field(default_factory=list)
+    job_cpu_s: list[float] = field(default_factory=list)
     forked_refills: int = 0
 
 
@@ -60,6 +70,19 @@ def first_step_ratios(
         first = timeline["first_step"] - timeline["transfer_done"]
         ratios.append(first / metrics.normal_interval(commits, kill.t))
     return ratios
+
+
+def detect_ms(events: Sequence[Mapping[str, Any]], kills: Sequence[metrics.Kill]) -> list[float]:
+    """Each kill -> its recovery's ``detected``, in ms."""
+    done = [e for e in events if e.get("event") == "recovery_done"]
+    return [
+        (e["timeline"]["detected"] - kill.t) * 1e3 for e, kill in zip(done, kills, strict=False)
+    ]
+
+
+def start_s(events: Sequence[Mapping[str, Any]], commits: Sequence[metrics.Commit]) -> float:
+    """The launcher's ``job_start`` -> the first commit, in seconds."""
+    return commits[0].t - next(e["t"] for e in events if e.get("event") == "job_start")
 
 
 def refill_cpu(events: Sequence[Mapping[str, Any]], template_log: str) -> list[tuple[float, bool]]:
@@ -91,7 +114,9 @@ def span(commits: Sequence[metrics.Commit]) -> float:
 def _run(variant: str, workdir: Path, args: argparse.Namespace, kills: tuple[int, ...]) -> dict:
     workdir.mkdir(parents=True)
     spec = RunSpec(args.model, args.steps, 2, kills, 1, workdir, timeout_s=300.0)
+    before = _children_cpu()
     out = TorchrelaySpare(VARIANTS[variant]).run(spec)
+    cpu_s = _children_cpu() - before
     if out.returncode != 0:
         raise RuntimeError(f"{variant}: exit code {out.returncode}; logs in {workdir}")
     assert out.ledger is not None
@@ -99,11 +124,17 @@ def _run(variant: str, workdir: Path, args: argparse.Namespace, kills: tuple[int
     template_log = workdir / "relay" / "logs" / "template.log"
     return {
         "wall_s": out.wall_s,
+        "cpu_s": cpu_s,
         "events": events,
         "commits": metrics.parse_progress(spec.progress_file.read_text()),
         "kills": _kills(workdir),
         "template_log": template_log.read_text() if template_log.exists() else "",
     }
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def measure(args: argparse.Namespace, root: Path) -> dict[str, VariantFigures]:
@@ -119,6 +150,9 @@ def measure(args: argparse.Namespace, root: Path) -> dict[str, VariantFigures]:
             found.first_step_ratios += first_step_ratios(
                 killed["events"], killed["commits"], killed["kills"]
             )
+            found.detect_ms += detect_ms(killed["events"], killed["kills"])
+            found.start_s.append(start_s(free["events"], free["commits"]))
+            found.job_cpu_s.append(free["cpu_s"])
             refills = refill_cpu(killed["events"], killed["template_log"])
             found.refill_cpu_s += [cpu for cpu, _ in refills]
             found.forked_refills += sum(forked for _, forked in refills)
@@ -137,6 +171,9 @@ def summary(found: VariantFigures) -> dict[str, str | int]:
     return {
         "first step / median step": _cell(found.first_step_ratios, 2),
         "refill CPU s": _cell(found.refill_cpu_s, 3),
+        "detect ms": _cell(found.detect_ms, 1),
+        "start s": _cell(found.start_s, 2),
+        "job CPU s, no failure": _cell(found.job_cpu_s, 1),
         "end-to-end ratio, 3 kills": _cell(found.end_to_end_ratios, 3),
         "training span ratio, 3 kills": _cell(found.span_ratios, 3),
         "refills (forked)": f"{len(found.refill_cpu_s)} ({found.forked_refills})",

@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 
 from bench import metrics
-from bench.spare_side import VariantFigures, first_step_ratios, refill_cpu, render, span
+from bench.spare_side import (
+    VariantFigures,
+    detect_ms,
+    first_step_ratios,
+    refill_cpu,
+    render,
+    span,
+    start_s,
+)
 
 
 def _commits(times: list[float]) -> list[metrics.Commit]:
@@ -35,9 +43,21 @@ def test_refill_cpu_counts_spares_joined_after_the_first_failure_plus_the_templa
     assert refill_cpu(events[:2], log) == []  # no failure: no refill
 
 
+def test_detect_is_each_kill_to_its_recovery_detected_and_start_is_launch_to_first_commit():
+    events = [
+        {"event": "job_start", "t": 1.0},
+        {"event": "recovery_done", "timeline": {"detected": 5.012}},
+        {"event": "recovery_done", "timeline": {"detected": 9.02}},
+    ]
+    kills = [metrics.Kill(40, 5.0), metrics.Kill(80, 9.0)]
+    assert detect_ms(events, kills) == [pytest.approx(12.0), pytest.approx(20.0)]
+    assert start_s(events, _commits([3.5, 3.6])) == pytest.approx(2.5)
+
+
 def test_the_table_has_a_row_per_variant():
-    found = VariantFigures([1.2, 1.4], [0.1], [1.05], [1.02], 1)
+    found = VariantFigures([1.2, 1.4], [0.1], [1.05], [1.02], [12.0], [2.5], [30.0], 1)
     table = render({"template": found, "no template": VariantFigures()})
-    assert "| template | 1.30 (1.20-1.40) | 0.100 (0.100-0.100) | 1.050" in table
-    assert "| no template | - | - | - | - | 0 (0) |" in table
+    assert "| template | 1.30 (1.20-1.40) | 0.100 (0.100-0.100) | 12.0 (12.0-12.0) | 2.50" in table
+    assert "| 30.0 (30.0-30.0) | 1.050 (1.050-1.050) | 1.020 (1.020-1.020) | 1 (1) |" in table
+    assert "| no template | - | - | - | - | - | - | - | 0 (0) |" in table
     assert span(_commits([2.0, 3.0, 4.5])) == 2.5

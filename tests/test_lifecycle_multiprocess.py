@@ -108,11 +108,13 @@ def _to_terminal_group(launcher, run_dir: Path, signum: int) -> None:
 
 def _to_every_process(launcher, run_dir: Path, signum: int) -> None:
     """As Slurm's scancel sends it: to every process of the job; in the worst order, to the
-    launcher last, once its agent has reaped the others (and is about to report them)."""
-    others = job_pids(run_dir)
-    for pid in others:
+    launcher last, once its agent has reaped the workers and the spare (and is about to report
+    them). The node's template ignores it, as it must: the workers forked from it would die
+    with it, of SIGKILL; the launcher ends it (``await_gone`` below checks that it did)."""
+    for pid in job_pids(run_dir):
         os.kill(pid, signum)
-    await_reaped(others)
+    events = read_ledger(run_dir / "ledger.jsonl")
+    await_reaped({e["pid"] for e in events if e["event"] == "process_join"})
     launcher.send_signal(signum)
 
 

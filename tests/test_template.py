@@ -1,5 +1,5 @@
-"""The spare template (agent/template.py, agent/template_main.py): a fork server whose children
-are what a spawned spare is -- own session, bound to die with it, the request's argv,
+"""The node's template (agent/template.py, agent/template_main.py): a fork server whose children
+are what a spawned worker or spare is -- own session, bound to die with it, the request's argv,
 environment and output -- with their exit status delivered to the agent."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 from torchrelay.agent.template import (
     FORKED_ENV,
     ForkedProcess,
-    SpareTemplate,
+    NodeTemplate,
     TemplateUnavailable,
     decode,
     encode,
@@ -31,7 +31,11 @@ CHILD = textwrap.dedent(
     print("stderr too", file=sys.stderr, flush=True)
     if sys.argv[1] == "wait":
         sys.stdin.read()  # /dev/null: returns at once
-        time.sleep(3600)
+        try:
+            print("waiting", flush=True)
+            time.sleep(3600)
+        except KeyboardInterrupt:  # SIGINT has the interpreter's handling back
+            raise SystemExit(130)
     raise SystemExit(int(sys.argv[1]))
     """
 )
@@ -57,7 +61,7 @@ def test_a_handle_waits_for_the_exit_the_template_reports():
 
 
 def test_a_template_that_never_became_ready_is_unavailable(tmp_path):
-    template = SpareTemplate(tmp_path / "template.log", ready_timeout=0.01)
+    template = NodeTemplate(tmp_path / "template.log", ready_timeout=0.01)
     with pytest.raises(TemplateUnavailable, match="not ready"):
         template.fork(["x.py"], {})
 
@@ -66,7 +70,7 @@ def test_a_template_that_never_became_ready_is_unavailable(tmp_path):
 def test_forked_children_are_the_requested_processes_and_die_with_the_template(tmp_path):
     script = tmp_path / "child.py"
     script.write_text(CHILD)
-    template = SpareTemplate(tmp_path / "template.log")
+    template = NodeTemplate(tmp_path / "template.log")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     template.start(env)
     try:
@@ -77,6 +81,16 @@ def test_forked_children_are_the_requested_processes_and_die_with_the_template(t
         assert lines[0] == f"argv ['3'] env {sorted(['SPARE_VALUE', FORKED_ENV])} 42"
         assert lines[1] == f"session True parent {template.pid}"
         assert lines[2] == "stderr too"
+
+        # The template ignores a scheduler's SIGTERM and SIGINT (the agent ends it); what it
+        # forked has the interpreter's handling of both back.
+        for stop, code in ((signal.SIGTERM, -signal.SIGTERM), (signal.SIGINT, 130)):
+            stopped = template.fork([str(script), "wait"], {"SPARE_VALUE": "1"})
+            while stopped.stdout.readline() != b"waiting\n":
+                pass
+            os.kill(template.pid, stop)
+            os.kill(stopped.pid, stop)
+            assert stopped.wait(timeout=60) == code
 
         waiting = template.fork([str(script), "wait"], {"SPARE_VALUE": "1"})
         assert waiting.stdout.readline().startswith(b"argv")

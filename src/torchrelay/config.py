@@ -46,9 +46,9 @@ class JobConfig:
     nproc_per_node: int
     run_dir: Path
     spares: int = 1
-    # Spares forked from a per-node template that has imported torch (agent/template.py);
-    # False: every spare is a fresh interpreter.
-    spare_template: bool = True
+    # Workers and spares forked from a per-node template that has imported torch
+    # (agent/template.py); False: each is a fresh interpreter.
+    template: bool = True
     nnodes: int = 1
     node_rank: int = 0
     max_restarts: int = 3

@@ -26,7 +26,7 @@ from typing import IO, Any
 from torchrelay.agent.copying import Copying
 from torchrelay.agent.resume import checkpoint_environment
 from torchrelay.agent.spawn import signal_group, spawn
-from torchrelay.agent.template import ForkedProcess, SpareTemplate, TemplateUnavailable
+from torchrelay.agent.template import ForkedProcess, NodeTemplate, TemplateUnavailable
 from torchrelay.config import JobConfig
 from torchrelay.health import quarantine
 from torchrelay.health.poller import HealthPoller, node_sources
@@ -53,7 +53,7 @@ class NodeAgent(Copying):
         self._on_exit = on_exit
         self._label = label
         self._procs: dict[str, subprocess.Popen[bytes] | ForkedProcess] = {}
-        self._template: SpareTemplate | None = None
+        self._template: NodeTemplate | None = None
         self._template_failed = False  # said once, then spares are spawned plainly
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
@@ -103,10 +103,7 @@ class NodeAgent(Copying):
 
     # ------------------------------------------------------------------ start
     def start_workers(self) -> None:
-        if self.config.pool is not None or self.config.elastic:
-            # Its first spare comes only after a failure (a borrowed slot, a regrow): the
-            # template imports torch now, so that spare is a fork, not a cold start.
-            self._ensure_template()
+        self._ensure_template()
         first = self.config.node_rank * self.config.nproc_per_node
         for local_rank in range(self.config.nproc_per_node):
             rank = first + local_rank
@@ -127,10 +124,17 @@ class NodeAgent(Copying):
         self._start(name, "spare", {"LOCAL_RANK": str(self._local_index[name])})
 
     def _ensure_template(self) -> None:
-        """Start this node's spare template, once (``--no-spare-template``: never)."""
+        """Start this node's template, once (``--no-template``: never; nor ``--transparent``,
+        whose workers each start in a PID namespace of their own, for CRIU).
+
+        Workers as well as spares are forked from it. Each then shares with the template the
+        pages that importing torch dirtied (~150 MB a process) instead of owning a copy: a node
+        starts N processes for the CPU of one ``import torch``, holds less memory, and the
+        kernel ends a killed process -- the floor under failure detection -- in half the time
+        (``bench.exit_floor``)."""
         with self._lock:
-            if self.config.spare_template and self._template is None:
-                self._template = SpareTemplate(self.log_dir / "template.log")
+            if self.config.template and not self.config.transparent and self._template is None:
+                self._template = NodeTemplate(self.log_dir / "template.log")
                 self._template.start(self.environment)
 
     def new_spare_name(self, avoid: Iterable[int] = ()) -> str | None:
@@ -165,7 +169,7 @@ class NodeAgent(Copying):
             "TORCHRELAY_ROLE": role,
             "TORCHRELAY_NODE": self.node,
         }
-        if role == "spare" and self._template is not None and not self._template_failed:
+        if self._template is not None and not self._template_failed:
             # Off this thread: the template may still be importing torch, and the caller may
             # be a remote node's heartbeat loop or the controller's recovery thread. Nobody
             # can signal the spare before it joins, and a stop meanwhile is seen below.
@@ -226,7 +230,7 @@ class NodeAgent(Copying):
         self._adopt(process, proc, None)
 
     def _forked(self, env: dict[str, str]) -> ForkedProcess | None:
-        """The spare forked from this node's template, or ``None`` (no template: the caller
+        """The process forked from this node's template, or ``None`` (no template: the caller
         spawns it; the first failure is said once on stderr)."""
         template = self._template
         if template is None or self._template_failed:

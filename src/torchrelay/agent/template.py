@@ -1,18 +1,18 @@
-"""The node agent's side of the spare template (a fork server; see :mod:`template_main`).
+"""The node agent's side of the node's template (a fork server; see :mod:`template_main`).
 
-:class:`SpareTemplate` starts the template once, through :func:`spawn.spawn` (it dies with the
-launcher, in a session of its own), on one end of a socketpair it alone holds. A refill spare
-then costs the node a ``fork`` of a process that has imported torch already, instead of an
-interpreter start and ``import torch``. :meth:`SpareTemplate.fork` returns a
+:class:`NodeTemplate` starts the template once, through :func:`spawn.spawn` (it dies with the
+launcher, in a session of its own), on one end of a socketpair it alone holds. A worker or a
+spare then costs the node a ``fork`` of a process that has imported torch already, instead of
+an interpreter start and ``import torch``. :meth:`NodeTemplate.fork` returns a
 :class:`ForkedProcess`: the part of ``subprocess.Popen`` the agent uses (``pid``, ``stdout``,
 ``poll``, ``wait``), its exit status delivered by the template, which is its parent.
 
-The template dies as any job process does (SIGKILL with the launcher, a signal sent to it);
-it is reaped as soon as it is gone. Failure behaviour: :meth:`fork` raises
-:class:`TemplateUnavailable` when the template did not start, is not ready within
-``ready_timeout``, or is gone; the agent then spawns the spare plainly. If the template dies,
-every process it forked dies too (their parent-death signal): each handle reports
-``-SIGKILL``, as for any killed process.
+The template dies with the launcher (SIGKILL) or when the agent hangs up; it ignores SIGTERM
+and SIGINT (see :mod:`template_main`). It is reaped as soon as it is gone. Failure behaviour:
+:meth:`fork` raises :class:`TemplateUnavailable` when the template did not start, is not
+ready within ``ready_timeout``, or is gone; the agent then spawns the process plainly. If the
+template dies, every process it forked dies too (their parent-death signal): each handle
+reports ``-SIGKILL``, as for any killed process.
 """
 
 from __future__ import annotations
@@ -30,12 +30,12 @@ from typing import IO, Any
 
 from torchrelay.agent.spawn import signal_group, spawn
 
-FORKED_ENV = "TORCHRELAY_TEMPLATE_PID"  # set in a forked spare: the template it came from
+FORKED_ENV = "TORCHRELAY_TEMPLATE_PID"  # set in a forked process: the template it came from
 MAX_MESSAGE = 4 << 20  # an environment and argv, as JSON
 
 
 class TemplateUnavailable(RuntimeError):
-    """The template cannot fork a spare now; start it another way."""
+    """The template cannot fork a process now; start it another way."""
 
 
 def encode(message: dict[str, Any]) -> bytes:
@@ -76,7 +76,7 @@ class ForkedProcess:
         return self.returncode
 
 
-class SpareTemplate:
+class NodeTemplate:
     """One node's template process; thread-safe."""
 
     def __init__(self, log: Path, ready_timeout: float = 60.0) -> None:

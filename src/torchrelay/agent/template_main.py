@@ -1,11 +1,12 @@
-"""The spare template: ``python -u -m torchrelay.agent.template_main FD``, a fork server.
+"""The node's template: ``python -u -m torchrelay.agent.template_main FD``, a fork server.
 
-Started once per node by the node agent (:class:`torchrelay.agent.template.SpareTemplate`),
+Started once per node by the node agent (:class:`torchrelay.agent.template.NodeTemplate`),
 through the :mod:`deathsig` trampoline like every job process, it imports torch and torchrelay
-once, then forks a spare for each request that arrives on the socket ``FD`` -- the agent's end
-of a socketpair, inherited at start: nobody else can reach it. A forked spare skips the
-interpreter start and ``import torch`` (about 2.5 s of CPU on a loaded 2-core node) and goes
-straight to the user's script.
+once, then forks a worker or a spare for each request that arrives on the socket ``FD`` -- the
+agent's end of a socketpair, inherited at start: nobody else can reach it. A forked process
+skips the interpreter start and ``import torch`` (about 2.5 s of CPU on a loaded 2-core node)
+and goes straight to the user's script; the pages that import dirtied stay the template's,
+shared, so the kernel need not free them when the process dies (``bench.exit_floor``).
 
 This process stays single-threaded (a fork of a process with threads copies their locks,
 held or not) and starts no thread pool or OpenMP runtime before it forks: importing torch
@@ -21,7 +22,11 @@ starts neither. Each child, before it runs the script:
   (atexit handlers, non-daemon threads joined).
 
 Exit statuses reach the agent from here (this process is the children's parent and reaps
-them on SIGCHLD). The template ends when the agent closes its end of the socket.
+them on SIGCHLD). The template ends when the agent closes its end of the socket, or with the
+launcher (SIGKILL). It ignores SIGTERM and SIGINT: a scheduler that signals every process of
+the job (Slurm's scancel) would otherwise end it first, and with it -- by their parent-death
+signal -- the workers, as SIGKILLs the agent must count as failures; each child has the
+interpreter's own handling of both back before its script runs.
 """
 
 from __future__ import annotations
@@ -40,13 +45,13 @@ import time
 from torchrelay.agent.deathsig import bind_to_parent
 from torchrelay.agent.template import FORKED_ENV, MAX_MESSAGE, decode, encode
 
-# What a spare imports anyway; nothing here starts a thread (torch's pools and OpenMP start
+# What a worker imports anyway; nothing here starts a thread (torch's pools and OpenMP start
 # lazily, gRPC at its first channel).
 WARM_IMPORTS = ("torch", "torch.distributed", "torch.nn.parallel", "torchrelay.runtime.relay")
 
 
 def _warm() -> None:
-    """Import what a spare imports, and what torch imports lazily on the way: building the
+    """Import what a worker imports, and what torch imports lazily on the way: building the
     first optimizer of a process imports ~200 modules (0.6 s of CPU here)."""
     for name in WARM_IMPORTS:
         __import__(name)
@@ -72,6 +77,8 @@ def serve(channel: socket.socket) -> int:
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # only to wake select through wake_w
+    for stop in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(stop, signal.SIG_IGN)
     channel.send(encode({"ready": os.getpid()}))
     while True:
         readable, _, _ = select.select([channel, wake_r], [], [])
@@ -104,12 +111,14 @@ def serve(channel: socket.socket) -> int:
                 os.close(fd)
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
             _become(argv, env, fds[0], template)
             return 0
         for fd in fds:
             os.close(fd)
         cpu, seconds = _cpu_seconds() - cpu, time.monotonic() - started
-        # The template's share of a spare's cost; the spare reports its own when ready.
+        # The template's share of a process's cost; a spare reports its own when ready.
         print(f"forked pid {pid} in {seconds * 1e3:.1f} ms ({cpu * 1e3:.1f} ms of CPU)", flush=True)
         channel.send(encode({"pid": pid}))
 

@@ -79,11 +79,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--spares", type=int, default=1, help="hot spare processes to keep ready")
     p.add_argument(
+        "--no-template",
         "--no-spare-template",
-        dest="spare_template",
+        dest="template",
         action="store_false",
-        help="start every spare as a fresh interpreter, not forked from the node's template "
-        "(a process that has imported torch once)",
+        help="start every worker and spare as a fresh interpreter, not forked from the node's "
+        "template (a process that has imported torch once)",
     )
     p.add_argument(
         "--spare-timeout",
@@ -266,7 +267,7 @@ def config_from_args(
         nproc_per_node=args.nproc_per_node,
         run_dir=run_dir,
         spares=args.spares,
-        spare_template=args.spare_template,
+        template=args.template,
         nnodes=nnodes,
         node_rank=node_rank,
         max_restarts=args.max_restarts,

@@ -28,7 +28,7 @@ class RelayEnv:
     local_rank: int
     state: str = ""  # the job's state store (--state): where a new leader is announced
     elastic: bool = False  # --elastic: this process may host other ranks (runtime.hosting)
-    forked: bool = False  # forked by the node's spare template (agent.template), not spawned
+    forked: bool = False  # forked by the node's template (agent.template), not spawned
 
     @classmethod
     def from_environ(cls) -> RelayEnv:
