@@ -8,6 +8,7 @@ see the same load. Per variant:
 - **first step / median step**: for each recovery, the ledger's ``transfer_done ->
   first_step`` over the median gap between consecutive commits before the kill (rank 0's
   progress log), i.e. how much slower the first step after a recovery is than any other;
+  **step ms** is that median gap itself;
 - **refill CPU s**: the CPU seconds a refill spare (one started after the job's first failure)
   used until it reported ready (``spare_ready.cpu_seconds``, its own since fork or exec), plus,
   for a forked one, the template's CPU for the fork (``template.log``);
@@ -48,6 +49,7 @@ class VariantFigures:
     """What one variant measured, over all its rounds."""
 
     first_step_ratios: list[float] = field(default_factory=list)
+    step_ms: list[float] = field(default_factory=list)
     refill_cpu_s: list[float] = field(default_factory=list)
     end_to_end_ratios: list[float] = field(default_factory=list)
     span_ratios: list[float] = field(default_factory=list)
@@ -147,6 +149,9 @@ def measure(args: argparse.Namespace, root: Path) -> dict[str, VariantFigures]:
             killed = _run(variant, root / f"{tag}{round_}-kills", args, tuple(args.kills))
             found.end_to_end_ratios.append(killed["wall_s"] / free["wall_s"])
             found.span_ratios.append(span(killed["commits"]) / span(free["commits"]))
+            found.step_ms += [
+                metrics.normal_interval(killed["commits"], kill.t) * 1e3 for kill in killed["kills"]
+            ]
             found.first_step_ratios += first_step_ratios(
                 killed["events"], killed["commits"], killed["kills"]
             )
@@ -170,6 +175,7 @@ def _cell(values: list[float], digits: int) -> str:
 def summary(found: VariantFigures) -> dict[str, str | int]:
     return {
         "first step / median step": _cell(found.first_step_ratios, 2),
+        "step ms": _cell(found.step_ms, 1),
         "refill CPU s": _cell(found.refill_cpu_s, 3),
         "detect ms": _cell(found.detect_ms, 1),
         "start s": _cell(found.start_s, 2),

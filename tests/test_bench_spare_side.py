@@ -55,9 +55,11 @@ def test_detect_is_each_kill_to_its_recovery_detected_and_start_is_launch_to_fir
 
 
 def test_the_table_has_a_row_per_variant():
-    found = VariantFigures([1.2, 1.4], [0.1], [1.05], [1.02], [12.0], [2.5], [30.0], 1)
+    found = VariantFigures(
+        [1.2, 1.4], [20.0, 22.0], [0.1], [1.05], [1.02], [12.0], [2.5], [30.0], forked_refills=1
+    )
     table = render({"template": found, "no template": VariantFigures()})
-    assert "| template | 1.30 (1.20-1.40) | 0.100 (0.100-0.100) | 12.0 (12.0-12.0) | 2.50" in table
+    assert "| template | 1.30 (1.20-1.40) | 21.0 (20.0-22.0) | 0.100 (0.100-0.100) | 12.0" in table
     assert "| 30.0 (30.0-30.0) | 1.050 (1.050-1.050) | 1.020 (1.020-1.020) | 1 (1) |" in table
-    assert "| no template | - | - | - | - | - | - | - | 0 (0) |" in table
+    assert "| no template | - | - | - | - | - | - | - | - | 0 (0) |" in table
     assert span(_commits([2.0, 3.0, 4.5])) == 2.5
