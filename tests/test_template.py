@@ -29,6 +29,8 @@ CHILD = textwrap.dedent(
     print("argv", sys.argv[1:], "env", sorted(os.environ), os.environ["SPARE_VALUE"])
     print("session", os.getsid(0) == os.getpid(), "parent", os.getppid(), flush=True)
     print("stderr too", file=sys.stderr, flush=True)
+    if sys.argv[1] == "raise":
+        raise ValueError("from the script")
     if sys.argv[1] == "wait":
         sys.stdin.read()  # /dev/null: returns at once
         try:
@@ -81,6 +83,18 @@ def test_forked_children_are_the_requested_processes_and_die_with_the_template(t
         assert lines[0] == f"argv ['3'] env {sorted(['SPARE_VALUE', FORKED_ENV])} 42"
         assert lines[1] == f"session True parent {template.pid}"
         assert lines[2] == "stderr too"
+
+        # An uncaught exception is reported as `python child.py` reports it: the script's
+        # frames only, and exit status 1.
+        failed = template.fork([str(script), "raise"], {"SPARE_VALUE": "1"})
+        report = failed.stdout.read().decode()
+        assert failed.wait(timeout=60) == 1
+        traceback = report[report.index("Traceback (most recent call last):") :].splitlines()
+        assert traceback[1:] == [
+            f'  File "{script}", line 7, in <module>',
+            '    raise ValueError("from the script")',
+            "ValueError: from the script",
+        ]
 
         # The template ignores a scheduler's SIGTERM and SIGINT (the agent ends it); what it
         # forked has the interpreter's handling of both back.

@@ -41,6 +41,7 @@ import signal
 import socket
 import sys
 import time
+from types import TracebackType
 
 from torchrelay.agent.deathsig import bind_to_parent
 from torchrelay.agent.template import FORKED_ENV, MAX_MESSAGE, decode, encode
@@ -150,7 +151,28 @@ def _become(argv: list[str], env: dict[str, str], output: int, template: int) ->
     os.environ[FORKED_ENV] = str(template)
     sys.argv = argv
     sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
-    runpy.run_path(argv[0], run_name="__main__")
+    try:
+        # An absolute path, as the interpreter has made a script's ``__file__`` since 3.9.
+        runpy.run_path(os.path.abspath(argv[0]), run_name="__main__")
+    except Exception as exc:
+        # Reported as ``python script.py`` reports it: the script's frames only, not this
+        # module's and runpy's above them (a syntax error in the script: no frame at all),
+        # then exit status 1. SystemExit and KeyboardInterrupt go on as they would.
+        # (On the exception itself: the interpreter's hook prints the exception's own.)
+        exc.with_traceback(_script_frames(exc.__traceback__))
+        sys.excepthook(type(exc), exc, exc.__traceback__)
+        raise SystemExit(1) from None
+
+
+def _script_frames(tb: TracebackType | None) -> TracebackType | None:
+    """``tb`` without its leading frames of this module and of runpy."""
+    own = {__file__, getattr(runpy, "__file__", None)}
+    while tb is not None and (
+        tb.tb_frame.f_code.co_filename in own
+        or tb.tb_frame.f_code.co_filename.startswith("<frozen runpy")
+    ):
+        tb = tb.tb_next
+    return tb
 
 
 def main() -> None:
