@@ -10,7 +10,7 @@ from bench.systems.base import RunOutput, RunSpec
 
 class TorchrelaySpare:
     """The launcher replaces a killed worker with a hot spare fed from the survivors;
-    ``launcher_args`` are added to ``torchrelay run`` (e.g. ``--no-spare-template``)."""
+    ``launcher_args`` are added to ``torchrelay run`` (e.g. ``--no-template``)."""
 
     name = "torchrelay"
     label = "torchrelay + spare"
