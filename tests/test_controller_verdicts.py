@@ -91,6 +91,22 @@ def test_a_worker_that_exits_before_joining_stops_the_job_with_its_traceback(mak
     assert failure["slot"] == 1 and failure["kind"] == "exception"
 
 
+def test_a_bug_after_commits_no_heartbeat_reported_yet_is_retried_as_a_bug(make):
+    # Failing in step 4 it had committed 3, though no heartbeat since step -1 said so: the
+    # error report carries it, so the verdict is "a bug, retried up to --max-restarts", not
+    # "a bug before any step was committed".
+    controller = make(max_restarts=3)
+    start(controller, steps=-1)
+    for slot in (0, 1):
+        declared = {"generation": 0, "max_steps": MAX_STEPS}
+        report_to(controller, f"worker{slot}", "max_steps", declared)
+    report_to(controller, "worker1", "error", {"step": 4, "traceback": "ValueError: step 4"})
+    controller.on_exit("worker1", 1)
+    assert controller.outcome is None  # a recovery, not a stop
+    assert events(controller, "recovery_start")
+    assert controller.status()["steps_committed"] == 4
+
+
 def test_a_worker_that_exits_zero_without_init_stops_the_job(make):
     controller = make()
     controller.on_exit("worker0", 0)

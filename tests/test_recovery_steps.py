@@ -120,3 +120,21 @@ def test_a_failure_before_the_plan_starts_over_with_both_failures(tmp_path):
     current = driver.job.recovery.current
     assert current is not None and current.step is RecoveryStep.SPARES
     assert [f["slot"] for f in current.failures] == [1, 0]  # each failure once
+
+
+def test_a_phase_report_of_a_superseded_plan_is_ignored_not_refused(tmp_path):
+    # A source's transfer_done still on its way when the receiver's failure superseded the
+    # plan: the source is healthy and the next plan counts on it, so its report is dropped.
+    driver = Driver(tmp_path)
+    driver.start(steps=2)
+    fail_worker1(driver)
+    driver.report("worker0", "halted", committed=2)
+    driver.advance()
+    driver.report("worker0", "phase", phase="comm_ready", t=driver.now)
+    assert list(driver.job.recovery.current.phases) == ["comm_ready"]  # of the live plan
+    driver.report("spare0", "halted", committed=-1, valid=False, reason="transfer failed")
+    driver.advance()
+    assert driver.events("recovery_superseded") == [{"generation": 1}]
+    assert driver.report("worker0", "phase", phase="transfer_done", generation=1) == []
+    assert driver.job.recovery.current.phases == {}
+    assert driver.job.phase is not JobPhase.FAILED

@@ -220,8 +220,12 @@ def phase_done(job: JobState, member: Member, phase: str, t: float, **sizes: flo
 
 def _on_phase(job: JobState, member: Member, message: PhaseDone, now: float) -> list[Action]:
     current = job.recovery.current
-    if current is None or current.plan is None:
-        raise ProtocolError("phase report outside of a recovery")
+    plan = current.plan if current is not None else None
+    if plan is None or message.generation != plan.generation:
+        # Late: its plan was superseded or aborted while the report was on its way (a
+        # member died mid-transfer). Nothing to record, and no reason to refuse it: the
+        # sender is a healthy member that the next plan counts on.
+        return []
     t = now if message.t is None else message.t
     phase_done(job, member, message.phase, t, bytes=message.bytes, seconds=message.seconds)
     return []
@@ -238,6 +242,11 @@ def _on_done(job: JobState, member: Member, message: Done, now: float) -> list[A
 
 def _on_error(job: JobState, member: Member, message: ErrorReport, now: float) -> list[Action]:
     member.error = {"step": message.step, "traceback": message.traceback}
+    if message.step is not None:
+        # Failing in step N, it committed N - 1, whether or not a heartbeat said so yet: the
+        # bug-or-hardware verdict on its exit must not depend on heartbeat timing.
+        member.committed = max(member.committed, message.step - 1)
+        job.highest_committed = max(job.highest_committed, member.committed)
     return []
 
 
