@@ -59,12 +59,18 @@ def test_a_recovery_with_no_spare_coming_is_abandoned_naming_the_step_in_flight(
     assert outcome["reason"] == abandoned["reason"] and "step 4" in outcome["reason"]
 
 
-def test_a_halted_report_during_a_published_plan_makes_a_new_plan(tmp_path):
+def publish_plan(tmp_path) -> Driver:
+    """worker1 fails; worker0 halts; the plan of generation 1 (spare0 for slot 1) is out."""
     driver = Driver(tmp_path)
     driver.start(steps=2)
     fail_worker1(driver)
     driver.report("worker0", "halted", committed=2)
     driver.advance()
+    return driver
+
+
+def test_a_halted_report_during_a_published_plan_makes_a_new_plan(tmp_path):
+    driver = publish_plan(tmp_path)
     driver.report("spare0", "halted", committed=-1, valid=False, reason="transfer failed")
     assert driver.job.recovery.replan == "transfer failed"
     (failed,) = driver.events("recovery_failed")
@@ -125,11 +131,7 @@ def test_a_failure_before_the_plan_starts_over_with_both_failures(tmp_path):
 def test_a_phase_report_of_a_superseded_plan_is_ignored_not_refused(tmp_path):
     # A source's transfer_done still on its way when the receiver's failure superseded the
     # plan: the source is healthy and the next plan counts on it, so its report is dropped.
-    driver = Driver(tmp_path)
-    driver.start(steps=2)
-    fail_worker1(driver)
-    driver.report("worker0", "halted", committed=2)
-    driver.advance()
+    driver = publish_plan(tmp_path)
     driver.report("worker0", "phase", phase="comm_ready", t=driver.now)
     assert list(driver.job.recovery.current.phases) == ["comm_ready"]  # of the live plan
     driver.report("spare0", "halted", committed=-1, valid=False, reason="transfer failed")
