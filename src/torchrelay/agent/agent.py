@@ -5,7 +5,8 @@ It starts workers and spares with the job's environment, writes each process's o
 controller as soon as ``waitpid`` returns, and executes fences (SIGKILL), so a process the
 controller declared dead can never take part again.
 
-Processes are started by :func:`spawn.spawn`: none outlives the launcher (a parent-death
+Processes are forked from the node's template (:mod:`torchrelay.agent.template`), or started
+by :func:`spawn.spawn` without one: either way none outlives the launcher (a parent-death
 signal), and each leads its own process group, which every signal here goes to, so what a
 worker started itself goes with it.
 """
@@ -54,7 +55,7 @@ class NodeAgent(Copying):
         self._label = label
         self._procs: dict[str, subprocess.Popen[bytes] | ForkedProcess] = {}
         self._template: NodeTemplate | None = None
-        self._template_failed = False  # said once, then spares are spawned plainly
+        self._template_failed = False  # said once, then processes are spawned plainly
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._print_lock = threading.Lock()
@@ -172,7 +173,7 @@ class NodeAgent(Copying):
         if self._template is not None and not self._template_failed:
             # Off this thread: the template may still be importing torch, and the caller may
             # be a remote node's heartbeat loop or the controller's recovery thread. Nobody
-            # can signal the spare before it joins, and a stop meanwhile is seen below.
+            # can signal the process before it joins, and a stop meanwhile is seen below.
             start = threading.Thread(
                 target=self._start_forked, args=(process, env), name=f"agent-start-{process}"
             )

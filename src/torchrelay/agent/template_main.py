@@ -150,10 +150,11 @@ def _become(argv: list[str], env: dict[str, str], output: int, template: int) ->
     os.environ.update(env)
     os.environ[FORKED_ENV] = str(template)
     sys.argv = argv
-    sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
+    # An absolute path, as the interpreter has made a script's ``__file__`` since 3.9.
+    script = os.path.abspath(argv[0])
+    sys.path[0] = os.path.dirname(script)
     try:
-        # An absolute path, as the interpreter has made a script's ``__file__`` since 3.9.
-        runpy.run_path(os.path.abspath(argv[0]), run_name="__main__")
+        runpy.run_path(script, run_name="__main__")
     except Exception as exc:
         # Reported as ``python script.py`` reports it: the script's frames only, not this
         # module's and runpy's above them (a syntax error in the script: no frame at all),
