@@ -33,12 +33,15 @@ def free_port() -> int:
 
 def worker_env(**extra: str) -> dict[str, str]:
     """The environment every child gets: one intra-op thread (2 cores, 2+ processes), and this
-    checkout's ``src`` first on the path (``$BENCH_SRC`` instead, to measure another tree)."""
+    checkout's ``src`` first on the path (``$BENCH_SRC`` instead, to measure another tree), then
+    the caller's ``$PYTHONPATH``."""
     env = dict(os.environ)
     src = os.environ.get("BENCH_SRC") or str(REPO_ROOT / "src")
+    # After ours, the caller's path: where it keeps packages of its own (scripts/gpu_check.sh).
+    path = [src, str(REPO_ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     env.update(
         OMP_NUM_THREADS="1",
-        PYTHONPATH=f"{src}{os.pathsep}{REPO_ROOT}",
+        PYTHONPATH=os.pathsep.join(path),
         PYTHONUNBUFFERED="1",
         **extra,
     )

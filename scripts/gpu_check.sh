@@ -3,19 +3,26 @@
 #
 #   bash scripts/gpu_check.sh OUT_DIR
 #
-# Each step is timed and goes on when an earlier one failed; everything printed is also in
-# OUT_DIR/gpu_check.log, and each job's ledger is copied to OUT_DIR. The steps:
-#   1. facts: nvidia-smi, the torch, CUDA and NCCL versions, the GPU torch sees;
+# Each step is timed, bounded (timeout) and goes on when an earlier one failed; everything
+# printed is also in OUT_DIR/gpu_check.log, and each job's ledger and output are copied to
+# OUT_DIR. The steps:
+#   1. facts: nvidia-smi, the torch, CUDA and NCCL versions, the GPU torch sees, the CPUs;
 #   2. the NVML tests against the real driver (CI skips them: it has no nvidia-ml-py);
 #   3. NVML readings as torchrelay's health poller takes them;
 #   4. recovery with CUDA state: examples/train_gpt.py, 2 workers and 1 spare sharing GPU 0
 #      (TORCHRELAY_DEVICE=cuda:0, so gloo reduces the CUDA tensors: NCCL refuses two ranks on one
-#      GPU), once failure-free and once with rank 1 SIGKILLed in its backward pass and rank 0 in
-#      its forward; the final weights compared bit for bit, the recoveries read from the ledger;
-#   5. NCCL: the same script, one worker on GPU 0 with the non-blocking NCCL communicator (a
-#      recovery between NCCL ranks needs a second GPU).
-# GPU_CHECK_CPU=1 runs steps 3-4 on the CPU instead (TORCHRELAY_DEVICE=cpu) and skips 5: a dry
-# run of this script on a machine without a GPU.
+#      GPU), once failure-free and twice with rank 1 SIGKILLed in its backward pass and rank 0 in
+#      its forward: with workers forked from the node's template, and with fresh interpreters
+#      (--no-template); each run's final weights compared bit for bit with the failure-free
+#      run's, the recoveries' timelines read from the ledger;
+#   5. the same with a larger model (GPU_CHECK_LARGE, "dim layers heads": 1024 8 16, about
+#      0.1 G parameters, 1.3 GB of weights and optimizer state), one kill;
+#   6. NCCL: the same script, one worker on GPU 0 with the non-blocking NCCL communicator (a
+#      recovery between NCCL ranks needs a second GPU);
+#   7. bench.stall --pairs 2 on the machine's CPUs (TORCHRELAY_DEVICE=cpu): the stall figure of
+#      docs/benchmarks.md on a machine with more than 2 cores.
+# GPU_CHECK_CPU=1 runs steps 3-5 and 7 on the CPU instead (TORCHRELAY_DEVICE=cpu, a small
+# "large" model, one bench pair) and skips 2 and 6: a dry run of this script without a GPU.
 #
 # On a machine without network access whose Python lacks torchdata, put its wheel in .whl/ of
 # the checkout first (pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl
@@ -38,7 +45,12 @@ else
 fi
 cpu=${GPU_CHECK_CPU:-0}
 device=cuda:0
-[ "$cpu" = 1 ] && device=cpu
+large=${GPU_CHECK_LARGE:-1024 8 16}
+pairs=2
+if [ "$cpu" = 1 ]; then
+    device=cpu large="256 2 4" pairs=1
+fi
+read -r dim layers heads <<< "$large"
 exec > >(tee "$out/gpu_check.log") 2>&1
 results=()
 
@@ -46,26 +58,30 @@ step() {  # step NAME COMMAND...: run, time, record the exit status
     local name=$1 start rc
     shift
     echo "=== $name"
-    start=$(date +%s.%N)
+    start=$(date +%s%N)
     "$@"
     rc=$?
-    printf '=== %s: exit %s after %.1f s\n\n' "$name" "$rc" "$(echo "$(date +%s.%N) - $start" | bc)"
+    local ms=$((($(date +%s%N) - start) / 1000000))
+    printf '=== %s: exit %s after %d.%01d s\n\n' "$name" "$rc" $((ms / 1000)) $((ms % 1000 / 100))
     results+=("$name: exit $rc")
 }
 
 facts() {
     nvidia-smi || echo "(no nvidia-smi)"
-    "$py" - <<'EOF'
+    echo "cpus $(nproc --all), $(free -g | awk '/Mem:/ {print $2}') GiB, kernel $(uname -r)"
+    "$py" - <<'EOF2'
+import sys
 import torch
-print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())
+print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda,
+      "available", torch.cuda.is_available())
 if torch.cuda.is_available():
     print("device", torch.cuda.get_device_name(0), "count", torch.cuda.device_count())
     print("nccl", ".".join(map(str, torch.cuda.nccl.version())))
-EOF
+EOF2
 }
 
 readings() {
-    "$py" - <<'EOF'
+    timeout -k 5 60 "$py" - <<'EOF2'
 import json
 from torchrelay.health.nvml import NvmlSource
 source = NvmlSource("node0")
@@ -73,26 +89,31 @@ print("enabled", source.enabled)
 for reading in source.read() if source.enabled else []:
     print(json.dumps(vars(reading), default=str))
 source.close()
-EOF
+EOF2
 }
 
-job() {  # job NAME TORCHRELAY_DEVICE ARGS...: a train_gpt.py job, its ledger copied out
-    local name=$1 dev=$2 rc
+job() {  # job NAME TORCHRELAY_DEVICE [RUN FLAGS...] -- [SCRIPT FLAGS...]: a train_gpt.py job
+    local name=$1 dev=$2 rc flags=()
     shift 2
-    TORCHRELAY_DEVICE=$dev "$py" -m torchrelay.cli.main run --run-dir "$work/$name" "$@" \
-        src/torchrelay/examples/train_gpt.py --steps 120 --out "$work/$name.pt"
+    while [ $# -gt 0 ] && [ "$1" != -- ]; do flags+=("$1"); shift; done
+    shift
+    TORCHRELAY_DEVICE=$dev timeout -k 10 240 "$py" -m torchrelay.cli.main run \
+        --run-dir "$work/$name" "${flags[@]}" src/torchrelay/examples/train_gpt.py \
+        --out "$work/$name.pt" "$@" > "$out/$name.txt" 2>&1
     rc=$?
+    tail -n 25 "$out/$name.txt"
     cp "$work/$name/ledger.jsonl" "$out/${name}_ledger.jsonl" 2>/dev/null
     return $rc
 }
 
-compare() {  # the two jobs' final weights, bit for bit, and the recoveries' timelines
-    "$py" - "$work/clean.pt" "$work/kills.pt" "$work/kills/ledger.jsonl" <<'EOF'
+compare() {  # compare CLEAN OTHER: two jobs' final weights, bit for bit; OTHER's recoveries
+    timeout -k 5 120 "$py" - "$work/$1.pt" "$work/$2.pt" "$work/$2/ledger.jsonl" <<'EOF2'
 import json, sys
 import torch
-clean, kills = (torch.load(p, map_location="cpu", weights_only=True) for p in sys.argv[1:3])
-differ = [k for k in clean if not torch.equal(clean[k], kills[k])]
-print(f"{len(clean)} tensors, {len(differ)} differ", differ[:5])
+clean, other = (torch.load(p, map_location="cpu", weights_only=True) for p in sys.argv[1:3])
+differ = [k for k in clean if k not in other or not torch.equal(clean[k], other[k])]
+size = sum(t.numel() * t.element_size() for t in clean.values())
+print(f"{len(clean)} tensors ({size / 1e6:.1f} MB of weights), {len(differ)} differ", differ[:5])
 for line in open(sys.argv[3]):
     event = json.loads(line)
     if event["event"] == "recovery_done":
@@ -100,26 +121,41 @@ for line in open(sys.argv[3]):
         ms = {k: round((v - t["detected"]) * 1e3, 1) for k, v in t.items()}
         keep = ("lost_steps", "recomputed_steps", "bytes_transferred", "stall_seconds")
         print({k: event.get(k) for k in keep}, ms)
-sys.exit(1 if differ or set(clean) != set(kills) else 0)
-EOF
+    if event["event"] == "job_end":
+        print("job_end", event["status"], "steps", event["steps_committed"])
+sys.exit(1 if differ or set(clean) != set(other) else 0)
+EOF2
 }
 
+kills=(--chaos kill:rank=1:step=40:phase=backward --chaos kill:rank=0:step=80)
+small=(--steps 120)
+big=(--steps 40 --dim "$dim" --layers "$layers" --heads "$heads" --log-every 5)
 step facts facts
 if [ "$cpu" = 1 ]; then
     results+=("nvml tests: skipped (CPU dry run)")
 else
-    step "nvml tests" "$py" -m pytest -q -p no:cacheprovider tests/test_health_nvml.py
+    step "nvml tests" timeout -k 5 120 "$py" -m pytest -q -p no:cacheprovider tests/test_health_nvml.py
 fi
 step "nvml readings" readings
-step "failure-free job ($device)" job clean "$device" --nproc-per-node 2 --spares 1
-step "job with 2 kills ($device)" job kills "$device" --nproc-per-node 2 --spares 1 \
-    --chaos kill:rank=1:step=40:phase=backward --chaos kill:rank=0:step=80
-step "weights and recoveries" compare
+step "failure-free job ($device)" job clean "$device" --nproc-per-node 2 --spares 1 -- "${small[@]}"
+step "2 kills ($device, forked workers)" job kills "$device" --nproc-per-node 2 --spares 1 \
+    "${kills[@]}" -- "${small[@]}"
+step "weights and recoveries, forked" compare clean kills
+step "2 kills ($device, --no-template)" job fresh "$device" --nproc-per-node 2 --spares 1 \
+    --no-template "${kills[@]}" -- "${small[@]}"
+step "weights and recoveries, --no-template" compare clean fresh
+step "failure-free large model ($device)" job clean_large "$device" --nproc-per-node 2 \
+    --spares 1 -- "${big[@]}"
+step "1 kill, large model ($device)" job kills_large "$device" --nproc-per-node 2 --spares 1 \
+    --chaos kill:rank=1:step=20:phase=backward -- "${big[@]}"
+step "weights and recovery, large model" compare clean_large kills_large
 if [ "$cpu" = 1 ]; then
     results+=("nccl job: skipped (CPU dry run)")
 else
-    step "nccl job (one worker)" job nccl "" --nproc-per-node 1 --spares 0
+    step "nccl job (one worker)" job nccl "" --nproc-per-node 1 --spares 0 -- "${small[@]}"
 fi
+step "bench.stall on the CPUs" env TORCHRELAY_DEVICE=cpu timeout -k 10 300 \
+    "$py" -m bench.stall --pairs "$pairs"
 echo "=== summary"
 printf '%s\n' "${results[@]}"
 ! printf '%s\n' "${results[@]}" | grep -qv ": exit 0\|skipped"

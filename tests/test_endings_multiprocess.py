@@ -1,9 +1,12 @@
 """How jobs end, with real processes: a script that can never run stops at once with its
 traceback (before init, before its first commit, an unmodified torchrun script), a failure
 after the training loop fails the job, a kill with no spare stops at once naming the step in
-flight, and tracking the inner module of a DDP recovers bit for bit."""
+flight, tracking the inner module of a DDP recovers bit for bit, and a refill spare dismissed
+as it comes up exits cleanly."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +17,7 @@ STEPS = 10
 # Each job below stops within seconds; on the old code they hung (hence the timeout) or
 # waited out the 300 s spare timeout.
 TIMEOUT = 180
+EXAMPLE = Path(__file__).parents[1] / "src" / "torchrelay" / "examples" / "train_gpt.py"
 
 
 def _end(job) -> dict:
@@ -118,3 +122,24 @@ def test_tracking_the_inner_module_of_a_ddp_recovers_bitwise(tmp_path, reference
     assert all(gap >= timeline["transfer_done"] - timeline["halted"] for gap in gaps.values())
     report = cli("report", str(tmp_path)).stdout
     assert "survivors stalled (last commit -> next commit): rank 0" in report
+
+
+def test_a_refill_spare_still_starting_when_the_job_ends_exits_cleanly(tmp_path):
+    """A fresh refill spare comes up after the job ended and is dismissed as it becomes
+    ready, while its thread fills receive buffers for a 15 MB state: it used to die of
+    SIGABRT in the interpreter's teardown ("terminate called without an active exception")."""
+    steps = 40
+    job = run_job(
+        tmp_path,
+        timeout=TIMEOUT,
+        script=str(EXAMPLE),
+        nproc=2,
+        chaos=(f"kill:rank=1:step={steps - 4}",),
+        launcher_args=("--no-template",),
+        steps=steps,
+    )
+    assert job.returncode == 0, job.output
+    exits = {e["process"]: e["cause"] for e in job.ledger() if e["event"] == "process_exit"}
+    assert exits.pop("worker1") == "SIGKILL"
+    assert set(exits.values()) == {"exit code 0"}, exits
+    assert "spare1" in exits and "terminate called" not in job.output

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import sys
 import time
 
-from bench.procs import BIN, WORKERS, ProcessSet, wait_exit
+from bench.procs import WORKERS, ProcessSet, wait_exit
 from bench.systems.base import RunOutput, RunSpec
 
 
@@ -22,7 +23,10 @@ class TorchrelaySpare:
     def run(self, spec: RunSpec) -> RunOutput:
         run_dir = spec.workdir / "relay"
         cmd = [
-            str(BIN / "torchrelay"),
+            # Not the console script: a checkout that is not installed has none (PYTHONPATH).
+            sys.executable,
+            "-m",
+            "torchrelay.cli.main",
             "run",
             "--nproc-per-node",
             str(spec.world),

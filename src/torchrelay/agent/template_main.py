@@ -178,6 +178,9 @@ def _script_frames(tb: TracebackType | None) -> TracebackType | None:
 
 def main() -> None:
     channel = socket.socket(fileno=int(sys.argv[1]))
+    # torch.cuda.is_available() initialises the CUDA driver unless asked to count devices
+    # through NVML instead; a driver initialised here would be unusable in every fork.
+    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
     _warm()
     sys.exit(serve(channel))
 

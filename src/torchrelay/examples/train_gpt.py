@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import math
 import random
+import time
 
 import torch
 import torch.nn.functional as F
@@ -113,7 +114,7 @@ class GPT(nn.Module):
         self.ln, self.head = nn.LayerNorm(dim), nn.Linear(dim, vocab, bias=False)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        pos = torch.arange(idx.shape[1])
+        pos = torch.arange(idx.shape[1], device=idx.device)
         x = self.blocks(self.drop(self.tok(idx) + self.pos(pos)))
         logits = self.head(self.ln(x))
         return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
@@ -134,6 +135,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--batch-size", type=int, default=8, help="sequences per rank per step")
     parser.add_argument("--block", type=int, default=64, help="context length")
+    parser.add_argument("--dim", type=int, default=160, help="model width")
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--heads", type=int, default=5)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--log-every", type=int, default=10)
     parser.add_argument("--out", default=None, help="rank 0 saves the final weights here")
@@ -141,7 +145,8 @@ def main() -> None:
 
     relay = torchrelay.init(seed=1234)  # relay
     data = CharWindows(make_text(4000), args.block)
-    net = GPT(len(data.vocab), args.block).to(relay.device)  # relay: its GPU, or the CPU
+    net = GPT(len(data.vocab), args.block, args.dim, args.layers, args.heads)
+    net = net.to(relay.device)  # relay: its GPU, or the CPU
     model = DDP(net, process_group=relay.process_group)  # relay
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(args.steps // 10, args.steps))
@@ -150,6 +155,7 @@ def main() -> None:
         params = sum(p.numel() for p in model.parameters())
         print(f"GPT with {params / 1e6:.2f} M parameters, {len(data)} windows", flush=True)
 
+    logged: tuple[int, float] | None = None  # the last logged step and when it was logged
     for step, (x, y) in relay.steps(
         data, batch_size=args.batch_size, max_steps=args.steps
     ):  # relay
@@ -159,10 +165,15 @@ def main() -> None:
         sched.step()
         opt.zero_grad()
         if relay.rank == 0 and (step % args.log_every == 0 or step == args.steps - 1):
+            now = time.perf_counter()
+            pace = ""
+            if logged and step > logged[0]:  # a recomputed step is logged twice
+                pace = f"  {(now - logged[1]) / (step - logged[0]) * 1e3:.1f} ms/step"
             print(
-                f"step {step:4d}  loss {loss.item():.4f}  lr {sched.get_last_lr()[0]:.2e}",
+                f"step {step:4d}  loss {loss.item():.4f}  lr {sched.get_last_lr()[0]:.2e}{pace}",
                 flush=True,
             )
+            logged = (step, now)
 
     if relay.rank == 0 and args.out:
         torch.save({k: v.cpu() for k, v in net.state_dict().items()}, args.out)

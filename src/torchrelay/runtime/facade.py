@@ -55,6 +55,22 @@ Launch = Callable[[dist.ProcessGroup, list[torch.Tensor]], dist.Work]
 CUT_GRACE_S = 30.0
 
 
+def launch_options(opts: Any) -> Any:
+    """A copy of a collective's options for the inner group, with ``asyncOp`` set.
+
+    ``dist.all_reduce`` and the like pass ``asyncOp=False`` and wait on the work we return;
+    told so, a backend may return no work at all (ProcessGroupNCCL queues the collective on
+    the current stream and returns none, a barrier after a host sync), and the facade needs
+    the inner work's future to settle its own. A copy: the caller's options stay as they
+    were, a broadcast's root too (hosting maps it to a member)."""
+    launched = type(opts)()
+    for name in dir(opts):
+        if not name.startswith("_") and name != "asyncOp":
+            setattr(launched, name, getattr(opts, name))
+    launched.asyncOp = True
+    return launched
+
+
 def _completed(value: Any) -> dist.Work:
     future: Future[Any] = Future()
     future.set_result(value)
@@ -160,7 +176,7 @@ class StableProcessGroup(dist.ProcessGroup):
 
     # ------------------------------------------------------------- collectives
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
-        opts = opts if opts is not None else AllreduceOptions()
+        opts = launch_options(opts if opts is not None else AllreduceOptions())
         if self.contributions.recording:
             self.contributions.keep(tensors, opts.reduceOp)
             return _completed(tensors)
@@ -172,7 +188,7 @@ class StableProcessGroup(dist.ProcessGroup):
         return work
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
-        opts = opts if opts is not None else BroadcastOptions()
+        opts = launch_options(opts if opts is not None else BroadcastOptions())
         if self._layout is not None:
             opts.rootRank = self._layout[opts.rootRank]  # the member that runs the root rank
         return self._run(tensors, lambda pg, out: pg.broadcast(out, opts), lambda: None)
@@ -183,7 +199,7 @@ class StableProcessGroup(dist.ProcessGroup):
         input_tensors: list[torch.Tensor],
         opts: Any = None,
     ) -> dist.Work:
-        opts = opts if opts is not None else AllgatherOptions()
+        opts = launch_options(opts if opts is not None else AllgatherOptions())
         flat = [t for group in output_tensors for t in group]
         layout = self._layout
         # Shrunk: one output per member; each rank's output is the member's that runs it.
@@ -212,7 +228,7 @@ class StableProcessGroup(dist.ProcessGroup):
         return self._run(flat, launch, local, result=output_tensors, expand=expand)
 
     def barrier(self, opts: Any = None) -> dist.Work:
-        opts = opts if opts is not None else BarrierOptions()
+        opts = launch_options(opts if opts is not None else BarrierOptions())
         return self._run([], lambda pg, _: pg.barrier(opts), lambda: None)
 
     def _run(
