@@ -14,7 +14,7 @@ from torchrelay.control.actions import (
     StartRecovery,
 )
 from torchrelay.control.errors import FencedError, IllegalTransition, ProtocolError
-from torchrelay.control.protocol import NodeHeartbeat, StartSpare
+from torchrelay.control.protocol import FinishNode, NodeHeartbeat, StartSpare
 from torchrelay.control.state import JobPhase, MemberState
 
 
@@ -135,3 +135,33 @@ def test_a_spare_goes_to_the_least_loaded_live_node(tmp_path):
     driver.take(nodes.join_node(driver.job, "node1", driver.now))
     driver.exit("spare0", -9)
     assert driver.actions[-1] == SendToNode("node1", StartSpare())
+
+
+def test_a_success_tells_each_node_which_of_its_processes_joined(tmp_path):
+    """Its agent stops the others: spares still starting, which would only come up to be
+    dismissed (the launcher waited seconds for them)."""
+    driver = Driver(tmp_path)
+    driver.start(steps=3)
+    driver.take(nodes.join_node(driver.job, "node1", driver.now))
+    driver.job.spares_launching["node1"] = 1  # node1-spare0 is still importing torch
+    driver.join("node1-spare1", role="spare")
+    driver.job.members["node1-spare1"].node = "node1"
+    finish(driver)
+    driver.exit("worker0", 0)
+    driver.exit("worker1", 0)
+    assert driver.outcome() == {"status": "succeeded", "steps_committed": 5}
+    assert driver.actions[-1] == SendToNode("node1", FinishNode(joined=("node1-spare1",)))
+
+
+def test_a_spare_that_exits_before_joining_after_a_success_is_no_longer_on_its_way(tmp_path):
+    driver = Driver(tmp_path)
+    driver.start(steps=3)
+    driver.job.spares_launching["node0"] = 1  # a refill spare, still starting
+    finish(driver)
+    driver.exit("worker0", 0)
+    driver.exit("worker1", 0)
+    driver.exit("spare1", -15)  # stopped by its agent
+    (exited,) = [e for e in driver.events("process_exit") if e["process"] == "spare1"]
+    assert exited["note"] == "exited before joining"
+    assert driver.job.spares_launching == {"node0": 0}
+    assert driver.outcome() == {"status": "succeeded", "steps_committed": 5}

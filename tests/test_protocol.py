@@ -82,6 +82,7 @@ COMMANDS = [
     p.CopyProcess(kind="clone", process="worker1", slot=0, generation=2, ordered=1000.5),
     p.CopyProcess(kind="migrate", process="node1-spare0", slot=1, generation=3, ordered=9.0),
     p.FinishNode(),
+    p.FinishNode(joined=("node1-spare0", "worker3")),
 ]
 OTHERS = [
     p.JoinRequest(role="worker", pid=123, node="node0", slot=2),

@@ -4,6 +4,8 @@ them. A layout that is absent, forged or stale changes nothing but speed."""
 from __future__ import annotations
 
 import datetime
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -112,3 +114,24 @@ def test_a_stale_buffer_is_not_received_into(ranks, store):
     received = result.state["objects"]["optimizer"]["state"][0]["exp_avg"]
     assert received is not stale and not stale.any()
     assert received.shape == _replica(seed=0, steps=3)[2].state_dict()["state"][0]["exp_avg"].shape
+
+
+EXIT_WHILE_PREPARING = """
+import torch, torch.distributed as dist
+from torchrelay.transfer.buffers import Prefault, publish_layout
+store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+publish_layout(store, "t", {"w": [torch.empty(64 << 20, dtype=torch.uint8) for _ in range(8)]})
+prefault = Prefault(f"127.0.0.1:{store.port}", "t", {}, torch.device("cpu"))
+prefault._allocating.wait()
+raise SystemExit(0)  # as a spare dismissed at the job's end does, before any take()
+"""
+
+
+def test_a_process_that_exits_while_buffers_are_prepared_exits_cleanly():
+    """The interpreter's teardown under a thread still filling a buffer aborted the process
+    (SIGABRT: "terminate called without an active exception"); the thread is stopped first."""
+    done = subprocess.run(
+        [sys.executable, "-c", EXIT_WHILE_PREPARING], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert "terminate called" not in done.stderr

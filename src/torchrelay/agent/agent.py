@@ -21,7 +21,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import IO, Any
 
 from torchrelay.agent.copying import Copying
@@ -331,6 +331,17 @@ class NodeAgent(Copying):
     def alive(self) -> list[str]:
         with self._lock:
             return [name for name, proc in self._procs.items() if proc.poll() is None]
+
+    def dismiss_unjoined(self, joined: Collection[str]) -> list[str]:
+        """The job succeeded: SIGTERM every live process not in ``joined`` -- spares still
+        starting, which would only come up to be dismissed (seconds of ``import torch`` and
+        CUDA's start without the template). Those that joined were told the job is over and
+        exit by themselves. Returns the names signalled."""
+        dismissed = [name for name in self.alive() if name not in joined]
+        for name in dismissed:
+            self.kill(name, signal.SIGTERM)
+            self.kill(name, signal.SIGCONT)  # a stopped process acts on it now
+        return dismissed
 
     def stop_health(self) -> None:
         if self._health is not None:

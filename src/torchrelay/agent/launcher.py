@@ -179,6 +179,8 @@ class Launch:
                     self.controller.terminate(stop.name)
                     outcome = self.controller.outcome
                 assert outcome is not None
+                if outcome["status"] == "succeeded":
+                    self.agent.dismiss_unjoined(self.controller.joined())
                 if outcome["status"] != "succeeded" or not self.agent.wait_all(timeout=30.0):
                     self.agent.stop_all()
                 else:

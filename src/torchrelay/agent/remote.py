@@ -177,6 +177,8 @@ class RemoteNode:
                     copying.start()
                 elif isinstance(command, FinishNode):
                     self._finished = True
+                    if command.joined is not None:
+                        self.agent.dismiss_unjoined(command.joined)
                     return
         except (ControlError, ProtocolError) as exc:
             if self._isolated is None and self._stop.received is None:

@@ -146,10 +146,16 @@ class Controller(Coordinator, PoolSide):
         with self._cond:
             return self._cond.wait_for(predicate, timeout)
 
+    def joined(self) -> set[str]:
+        """Every process that joined the job, gone or not."""
+        with self._cond:
+            return set(self.job.members)
+
     def wait_all_gone(self, timeout: float) -> bool:
         """Wait until every process of the job exited and no spare is on its way: one that
-        was still starting when the job ended must hear so from this controller, and its
-        node's agent must report its exit, before the controller stops serving."""
+        was still starting when the job ended (its agent stops it, or it comes up and hears
+        so from this controller) must have its exit reported by its node's agent before the
+        controller stops serving."""
 
         def gone() -> bool:
             job = self.job

@@ -42,6 +42,7 @@ from torchrelay.control.verdicts import (
     spare_node,
     step_in_flight,
     unjoined_failure,
+    worker_slot,
 )
 from torchrelay.exits import SELF_FENCED
 
@@ -66,6 +67,8 @@ def on_exit(
         ]
         if job.phase is JobPhase.RUNNING:
             actions += _early_exit(job, config, process, returncode, now, output_tail)
+        elif worker_slot(process) is None:
+            spare_accounted(job, spare_node(process))  # dismissed at the end while starting
         return actions
     was = member.state
     exited = Record(

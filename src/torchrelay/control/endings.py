@@ -46,7 +46,14 @@ def terminate(job: JobState, signal_name: str) -> list[Action]:
 
 
 def succeed(job: JobState) -> list[Action]:
-    return end(job, JobPhase.SUCCEEDED) + [SendToNode(n, FinishNode()) for n in job.nodes]
+    """The job succeeded; each node learns which of its processes joined (the others are
+    spares still starting: its agent stops them, see :class:`FinishNode`)."""
+
+    def joined(node: str) -> tuple[str, ...]:
+        return tuple(sorted(m.process for m in job.members.values() if m.node == node))
+
+    finish = [SendToNode(n, FinishNode(joined=joined(n))) for n in job.nodes]
+    return end(job, JobPhase.SUCCEEDED) + finish
 
 
 def finish_training(job: JobState) -> list[Action]:

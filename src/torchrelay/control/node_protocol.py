@@ -159,9 +159,15 @@ class CopyProcess(Command):
 
 @dataclass(frozen=True, kw_only=True)
 class FinishNode(Command):
-    """The job is over: the node agent stops serving (``{"type": "finish"}`` as for workers)."""
+    """The job is over: the node agent stops serving (``{"type": "finish"}`` as for workers).
+
+    ``joined`` names the node's processes that joined the job: they were told the job is over
+    and exit by themselves. Any other process of the node is a spare still starting, which
+    the agent stops rather than wait for it to come up only to be dismissed. Left out (a
+    failed job's nodes stop everything anyway): the agent waits for every process."""
 
     TAG: ClassVar[str] = "finish"
+    joined: tuple[str, ...] | None = optional()
 
 
 NODE_REPORTS = registry(NodeHeartbeat, NodeExit, HealthReport, ChaosNotice, CopyOutcome)

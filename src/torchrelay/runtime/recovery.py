@@ -156,7 +156,7 @@ class Recovery:
             warm_optimizer(optimizer)
         # While it waits, the spare maps the memory it will receive into (transfer.buffers).
         own = {"step": self.committed, "objects": self.tracked.state()}
-        self._prefault = prefault = Prefault(self._store_address, self.env.token, own, self.device)
+        self._prefault = Prefault(self._store_address, self.env.token, own, self.device)
         usage = resource.getrusage(resource.RUSAGE_SELF)
         ready = Ready(
             cpu_seconds=round(usage.ru_utime + usage.ru_stime, 4),
@@ -165,10 +165,6 @@ class Recovery:
         message = self._report_and_wait(ready, Plan, Finish, idle=self._warm_model)
         if not isinstance(message, Plan):
             self._closing.set()
-            # The job ended first. Stop faulting in buffers before the interpreter exits: its
-            # teardown under a thread still filling them aborted the process ("terminate called
-            # without an active exception") when a spare was dismissed as it became ready.
-            prefault.take()
             raise SystemExit(0)
         self._apply_plan(message)
 

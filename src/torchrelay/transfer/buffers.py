@@ -14,11 +14,13 @@ instead of allocating.
 
 Failure behaviour: nothing here can make a transfer fail or change what it delivers. A layout
 that is missing, fails authentication or is malformed is ignored (the transfer allocates as
-before); a buffer the transfer's own sealed schema does not match is not used.
+before); a buffer the transfer's own sealed schema does not match is not used. A process that
+exits while the thread fills a buffer waits for that one buffer first.
 """
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import threading
 from typing import Any
@@ -88,9 +90,17 @@ class Prefault:
         self._allocating = threading.Event()
         self._thread = threading.Thread(target=self._run, name="torchrelay-prefault", daemon=True)
         self._thread.start()
+        # A process that exits while this thread fills a buffer dies of SIGABRT in torch's
+        # teardown ("terminate called without an active exception"): a spare dismissed at
+        # the end of the job as it came up did. However the process exits, stop it first.
+        atexit.register(self._halt)
 
     def take(self) -> dict[Path, torch.Tensor]:
         """Stop preparing; the buffers made so far, by path. Does not wait for the layout."""
+        atexit.unregister(self._halt)
+        return self._halt()
+
+    def _halt(self) -> dict[Path, torch.Tensor]:
         self._stop.set()
         if self._allocating.is_set():
             self._thread.join()  # at most the tensor being faulted in
