@@ -28,6 +28,7 @@ collectives run on the current generation's inner group, with three guarantees:
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -64,11 +65,15 @@ def launch_options(opts: Any) -> Any:
     the inner work's future to settle its own. A copy: the caller's options stay as they
     were, a broadcast's root too (hosting maps it to a member)."""
     launched = type(opts)()
-    for name in dir(opts):
-        if not name.startswith("_") and name != "asyncOp":
-            setattr(launched, name, getattr(opts, name))
+    for name in _option_fields(type(opts)):
+        setattr(launched, name, getattr(opts, name))
     launched.asyncOp = True
     return launched
+
+
+@functools.cache
+def _option_fields(kind: type) -> tuple[str, ...]:
+    return tuple(name for name in dir(kind) if not name.startswith("_") and name != "asyncOp")
 
 
 def _completed(value: Any) -> dist.Work:

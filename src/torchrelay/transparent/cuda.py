@@ -20,7 +20,8 @@ process whose checkpoint failed, so it runs on where it was.
 Limit: the restore puts a copy back on its donor's GPU. A clone that must take another GPU
 (a dead slot's) would need the checkpoint API's GPU remapping (``CUcheckpointRestoreArgs``),
 which this does not drive: :func:`refuse_clone` says so in one line. A migration keeps its GPU.
-Not run on a GPU yet: no GPU machine has been lent to this project.
+Not run on a GPU yet: the one GPU run so far (an H200, 2026-12-04) covered model-aware mode
+only.
 """
 
 from __future__ import annotations
