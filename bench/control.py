@@ -175,7 +175,10 @@ async def _drive(
     def relay_agent() -> None:  # node 0's agent asks for spares on the child's stdout
         assert child.stdout is not None
         for _ in child.stdout:
-            loop.call_soon_threadsafe(cluster.start_local_spare)
+            try:
+                loop.call_soon_threadsafe(cluster.start_local_spare)
+            except RuntimeError:  # the loop closed: the run is over, the request too late
+                return
 
     threading.Thread(target=relay_agent, daemon=True).start()
     ranks = nodes * PER_NODE
