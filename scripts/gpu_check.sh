@@ -19,10 +19,12 @@
 #      0.1 G parameters, 1.3 GB of weights and optimizer state), one kill;
 #   6. NCCL: the same script, one worker on GPU 0 with the non-blocking NCCL communicator (a
 #      recovery between NCCL ranks needs a second GPU);
-#   7. bench.stall --pairs 2 on the machine's CPUs (TORCHRELAY_DEVICE=cpu): the stall figure of
-#      docs/benchmarks.md on a machine with more than 2 cores.
+#   7. on the machine's CPUs (TORCHRELAY_DEVICE=cpu), docs/benchmarks.md's figures on a machine
+#      with more than 2 cores: bench.stall --pairs 2 (the stall), bench.exit_floor (kill ->
+#      reaped) and bench.xfer --mb 1000 (transfer efficiency against gloo's own broadcast).
 # GPU_CHECK_CPU=1 runs steps 3-5 and 7 on the CPU instead (TORCHRELAY_DEVICE=cpu, a small
-# "large" model, one bench pair) and skips 2 and 6: a dry run of this script without a GPU.
+# "large" model, one bench pair, 100 MB for bench.xfer) and skips 2 and 6: a dry run of this
+# script without a GPU.
 #
 # On a machine without network access whose Python lacks torchdata, put its wheel in .whl/ of
 # the checkout first (pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl
@@ -46,9 +48,9 @@ fi
 cpu=${GPU_CHECK_CPU:-0}
 device=cuda:0
 large=${GPU_CHECK_LARGE:-1024 8 16}
-pairs=2
+pairs=2 xfer_mb=1000
 if [ "$cpu" = 1 ]; then
-    device=cpu large="256 2 4" pairs=1
+    device=cpu large="256 2 4" pairs=1 xfer_mb=100
 fi
 read -r dim layers heads <<< "$large"
 exec > >(tee "$out/gpu_check.log") 2>&1
@@ -156,6 +158,10 @@ else
 fi
 step "bench.stall on the CPUs" env TORCHRELAY_DEVICE=cpu timeout -k 10 300 \
     "$py" -m bench.stall --pairs "$pairs"
+step "bench.exit_floor on the CPUs" env TORCHRELAY_DEVICE=cpu timeout -k 10 180 \
+    "$py" -m bench.exit_floor --samples 5
+step "bench.xfer on the CPUs" env TORCHRELAY_DEVICE=cpu timeout -k 10 240 \
+    "$py" -m bench.xfer --mb "$xfer_mb" --repeats 3
 echo "=== summary"
 printf '%s\n' "${results[@]}"
 ! printf '%s\n' "${results[@]}" | grep -qv ": exit 0\|skipped"
