@@ -332,16 +332,15 @@ class NodeAgent(Copying):
         with self._lock:
             return [name for name, proc in self._procs.items() if proc.poll() is None]
 
-    def dismiss_unjoined(self, joined: Collection[str]) -> list[str]:
+    def dismiss_unjoined(self, joined: Collection[str]) -> None:
         """The job succeeded: SIGTERM every live process not in ``joined`` -- spares still
         starting, which would only come up to be dismissed (seconds of ``import torch`` and
         CUDA's start without the template). Those that joined were told the job is over and
-        exit by themselves. Returns the names signalled."""
-        dismissed = [name for name in self.alive() if name not in joined]
-        for name in dismissed:
-            self.kill(name, signal.SIGTERM)
-            self.kill(name, signal.SIGCONT)  # a stopped process acts on it now
-        return dismissed
+        exit by themselves."""
+        with self._lock:
+            unjoined = [proc for name, proc in self._procs.items() if name not in joined]
+        for proc in unjoined:
+            _ask_to_end(proc)
 
     def stop_health(self) -> None:
         if self._health is not None:
@@ -354,9 +353,7 @@ class NodeAgent(Copying):
             self._stopping = True
             procs = list(self._procs.values())
         for proc in procs:
-            if proc.poll() is None:
-                signal_group(proc.pid, signal.SIGTERM)
-                signal_group(proc.pid, signal.SIGCONT)  # a stopped process acts on it now
+            _ask_to_end(proc)
         deadline = time.monotonic() + grace
         for proc in procs:
             try:
@@ -388,3 +385,11 @@ class NodeAgent(Copying):
             template, self._template = self._template, None
         if template is not None:
             template.close()
+
+
+def _ask_to_end(proc: subprocess.Popen[bytes] | ForkedProcess) -> None:
+    """SIGTERM ``proc``'s process group if it is still alive, and SIGCONT it: a stopped
+    process acts on the SIGTERM now."""
+    if proc.poll() is None:
+        signal_group(proc.pid, signal.SIGTERM)
+        signal_group(proc.pid, signal.SIGCONT)
