@@ -12,7 +12,9 @@ benchmark runs both paths in the same two processes, interleaved in short blocks
   guard's new step and the per-step seeding (:func:`~torchrelay.runtime.rng.seed_all`), the
   tracked state's snapshot. ``--facade-only`` leaves out the per-step work; ``--unguarded``
   also the stable group's guard (its collectives go straight to the inner group), to measure
-  what the guard costs.
+  what the guard costs. B's guard completes collectives in C++ where the launcher has built
+  it (:mod:`torchrelay.runtime.native_guard`), in Python with ``TORCHRELAY_NATIVE_GUARD=0``;
+  the output says which.
 
 Each round runs ``--block`` steps of A, then of B (their order alternates between rounds), on the
 same batches (``bench.workload``'s small model unless ``--model``); per block, the wall time and
@@ -139,7 +141,7 @@ def _worker(
         torch.equal(a, b) for a, b in zip(model_a.parameters(), model_b.parameters(), strict=True)
     )
     if rank == 0:
-        out.write_text(json.dumps({**figures, "weights_equal": same}))
+        out.write_text(json.dumps({**figures, "weights_equal": same, "native": guard.native}))
     dist.destroy_process_group()
 
 
@@ -178,6 +180,7 @@ def measure(
                 raise RuntimeError((Path(tmp) / f"ab{r}.log").read_text()[-3000:])
         raw = json.loads(out.read_text())
     result: dict[str, Any] = {"raw": raw, "weights_equal": raw["weights_equal"]}
+    result["guard"] = "compiled" if raw["native"] else "python"
     for index, name in ((0, "wall"), (1, "cpu")):
         ratios = [b[index] / a[index] for a, b in zip(raw["plain"], raw["relay"], strict=True)]
         result[name] = {
@@ -222,6 +225,7 @@ def main() -> None:
             f"{name} per step: plain DDP {r[name]['plain_ms']:.2f} ms, torchrelay "
             f"{r[name]['relay_ms']:.2f} ms; ratio median {q2:.3f} (quartiles {q1:.3f}-{q3:.3f})"
         )
+    print(f"B's step guard: {r['guard']}")
     faults = r["faults_per_step"]
     print(f"minor page faults per step: plain DDP {faults['plain']:.0f}, ", end="")
     print(f"torchrelay {faults['relay']:.0f}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import os
 import threading
 import uuid
 from collections.abc import Callable
@@ -13,6 +14,7 @@ import torch.distributed as dist
 
 from tests.etcd import etcd  # noqa: F401  (a fixture: a real etcd on free loopback ports)
 from tests.live_job import live_job  # noqa: F401  (a fixture: a controller behind its RPC)
+from torchrelay.runtime import native_guard
 
 
 def run_ranks(
@@ -39,6 +41,24 @@ def run_ranks(
     if errors:
         raise errors[0]
     return results
+
+
+def require_built() -> None:
+    """Skip where no compiled guard is built (scripts/setup.sh builds it); CI must have it."""
+    path = native_guard.built_path()
+    if path is None or not path.is_file():
+        if os.environ.get("CI"):
+            pytest.fail(f"the compiled step guard is not built ({path}): run scripts/setup.sh")
+        pytest.skip("the compiled step guard is not built here (scripts/setup.sh builds it)")
+
+
+@pytest.fixture(params=["compiled", "python"])
+def guard_kind(request, monkeypatch):
+    """Which guard the processes a test starts run; they inherit the switch."""
+    if request.param == "compiled":
+        require_built()
+    monkeypatch.setenv(native_guard.SWITCH, "1" if request.param == "compiled" else "0")
+    return request.param
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ wait is on a store key, with the store's timeout as the only net."""
 
 from __future__ import annotations
 
-import datetime
 import json
 import multiprocessing
 import os
@@ -15,22 +14,16 @@ import torch
 import torch.distributed as dist
 
 from tests.etcd import free_port
+from tests.gloo_pair import TIMEOUT, join_pair, run_pair
 from torchrelay.runtime.devices import abort_group, cuttable, new_group
-from torchrelay.runtime.facade import StableProcessGroup
 from torchrelay.runtime.gloo_cut import PairSockets
-from torchrelay.runtime.guard import StepGuard
 
-TIMEOUT = datetime.timedelta(seconds=60)
 pytestmark = pytest.mark.timeout(120)
 
 
 def _member(rank: int, port: int, results: multiprocessing.Queue) -> None:
-    store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timeout=TIMEOUT)
-    inner = new_group(dist.PrefixStore("g0", store), rank, 2, TIMEOUT, torch.device("cpu"))
-    guard = StepGuard()
-    facade = StableProcessGroup(2, guard)
-    facade.bind(inner, rank, generation=0)
-    guard.enter_generation(0)
+    pair = join_pair(rank, port)
+    store, inner, guard, facade = pair.store, pair.inner, pair.guard, pair.facade
     summed = torch.full((1 << 18,), float(rank + 1))
     facade.allreduce([summed]).wait()
     # Every member published its listening ports before it could take part in that all-reduce.
@@ -57,22 +50,17 @@ def _member(rank: int, port: int, results: multiprocessing.Queue) -> None:
     work.wait()
     store.set("cut", "1")
     late = store.get("sent").decode()
-    results.put((rank, in_place, summed[0].item(), buffer.unique().tolist(), guard.poisoned, late))
+    outcome = (in_place, summed[0].item(), buffer.unique().tolist(), guard.poisoned, late)
+    results.put((rank, *outcome, guard.native))
     store.set("done", "1")
 
 
-def test_an_aborted_all_reduce_never_writes_into_the_callers_buffer_even_when_the_peer_resumes():
-    context = multiprocessing.get_context("spawn")
-    results = context.Queue()
-    port = free_port()
-    members = [context.Process(target=_member, args=(r, port, results)) for r in range(2)]
-    for member in members:
-        member.start()
-    got = dict((item[0], item[1:]) for item in (results.get(timeout=90) for _ in members))
-    for member in members:
-        member.join(30)
-    assert [m.exitcode for m in members] == [0, 0]
-    in_place, summed, buffer, poisoned, late = got[0]
+def test_an_aborted_all_reduce_never_writes_into_the_callers_buffer_even_when_the_peer_resumes(
+    guard_kind,
+):
+    got = dict((item[0], item[1:]) for item in run_pair(_member, reports=2))
+    in_place, summed, buffer, poisoned, late, native = got[0]
+    assert native == (guard_kind == "compiled")
     assert in_place and summed == 3.0  # from here collectives run in place
     assert buffer == [5.0] and poisoned  # the aborted one left the buffer as it was
     assert late == "failed" and got[1] == ("failed",)  # the resumed peer's bytes never landed

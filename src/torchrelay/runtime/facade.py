@@ -187,7 +187,7 @@ class StableProcessGroup(dist.ProcessGroup):
             return _completed(tensors)
         if not self.is_local:
             self.contributions.combine(tensors, opts.reduceOp)
-        work = self._run(tensors, lambda pg, out: pg.allreduce(out, opts), lambda: None)
+        work = self._run(tensors, lambda pg, out: pg.allreduce(out, opts), lambda: None, plain=True)
         if self.after_allreduce_launch is not None and not self.is_local:
             self.after_allreduce_launch()
         return work
@@ -196,7 +196,7 @@ class StableProcessGroup(dist.ProcessGroup):
         opts = launch_options(opts if opts is not None else BroadcastOptions())
         if self._layout is not None:
             opts.rootRank = self._layout[opts.rootRank]  # the member that runs the root rank
-        return self._run(tensors, lambda pg, out: pg.broadcast(out, opts), lambda: None)
+        return self._run(tensors, lambda pg, out: pg.broadcast(out, opts), lambda: None, plain=True)
 
     def allgather(
         self,
@@ -243,6 +243,7 @@ class StableProcessGroup(dist.ProcessGroup):
         local: Callable[[], None],
         result: Any = None,
         expand: Callable[[list[torch.Tensor]], None] | None = None,
+        plain: bool = False,
     ) -> dist.Work:
         result = outputs if result is None else result
         inner = self._inner
@@ -253,9 +254,10 @@ class StableProcessGroup(dist.ProcessGroup):
             return _completed(result)
         # In place where an abort ends the inner work for good (a cut gloo group), else on
         # private copies that a dead generation may go on writing into.
-        call = _Collective(outputs, launch, result, expand)
+        call = _Collective(outputs, launch, result, expand, plain)
         if cuttable(inner) and not self._silenced:
-            return _in_place(self._guard, inner, call)
+            cut = functools.partial(self.abort, self._generation)
+            return _in_place(self._guard, inner, cut, call)
         return self._on_copies(inner, call)
 
     def _on_copies(self, inner: dist.ProcessGroup, call: _Collective) -> dist.Work:
@@ -279,7 +281,7 @@ class StableProcessGroup(dist.ProcessGroup):
                 guard.poison(error or "collective aborted")
             future.set_result(result)
 
-        ticket = guard.track(lambda _ok: settle(False, "generation aborted"))
+        ticket = guard.track(lambda _future: settle(False, "generation aborted"))
         if ticket is None:
             settle(False, "generation aborted")
             return _create_work_from_future(future)
@@ -308,28 +310,37 @@ class StableProcessGroup(dist.ProcessGroup):
 @dataclass(frozen=True)
 class _Collective:
     """One collective call: the tensors it writes, how to start it on a communicator, what
-    its future holds, and what to do with the outputs once it succeeded (``None``: nothing)."""
+    its future holds, and what to do with the outputs once it succeeded (``None``: nothing).
+    ``plain``: its future holds its outputs and nothing follows it (an all-reduce, a
+    broadcast), so the compiled guard can complete it."""
 
     outputs: list[torch.Tensor]
     launch: Launch
     result: Any
     expand: Callable[[list[torch.Tensor]], None] | None
+    plain: bool = False
 
 
-def _in_place(guard: StepGuard, inner: dist.ProcessGroup, call: _Collective) -> dist.Work:
-    """The collective in the caller's own tensors, on a group that :func:`abort_group` cuts.
+def _in_place(
+    guard: StepGuard, inner: dist.ProcessGroup, cut: Callable[[], None], call: _Collective
+) -> dist.Work:
+    """The collective in the caller's own tensors, on ``inner``, a group that ``cut`` cuts
+    (:meth:`StableProcessGroup.abort` of the generation it runs in; a group replaced since
+    was cut when it was). What an abort runs does not hold ``inner``: the guard keeps a
+    finished collective's entry until the next one starts, and parking must be able to close
+    the group's sockets by dropping it.
 
-    The caller's future is the inner work's, chained by one callback that turns a failure
-    into a poisoned step: it completes only once the inner work has ended, so nothing of an
-    aborted generation writes into the caller's buffers after it is released. An abort cuts
-    the group, which ends the work within milliseconds (see :func:`_await_end` for one that
-    does not). One callback on gloo's thread and no future of our own: the steady state's
-    whole cost per collective (``bench.steady_ab``)."""
-    ended = threading.Event()
+    The caller's future is the inner work's, chained so that a failure poisons the step
+    instead of raising: by the compiled guard where it is built (no Python on completion, see
+    :mod:`native_guard`), else by one Python callback on gloo's thread. It completes only once
+    the inner work has ended, so nothing of an aborted generation writes into the caller's
+    buffers after it is released. An abort cuts the group, which ends the work within
+    milliseconds (see :func:`_await_end` for one that does not)."""
 
-    def on_abort(_ok: bool) -> None:
-        abort_group(inner)
-        threading.Thread(target=_await_end, args=(ended,), daemon=True).start()
+    def on_abort(future: Future[Any] | None) -> None:
+        cut()
+        if future is not None:
+            _watch_end(future)
 
     ticket = guard.track(on_abort)
     if ticket is None:
@@ -341,20 +352,31 @@ def _in_place(guard: StepGuard, inner: dist.ProcessGroup, call: _Collective) -> 
         guard.untrack(ticket)
         guard.poison(f"collective failed to start: {exc}")
         return _completed(call.result)
+    started = work.get_future()
+    future = guard.chain_native(started, call.outputs) if call.plain else None
+    if future is None:
+        future = started.then(functools.partial(_finish, guard, call))
+    if not guard.launched(ticket, future):
+        _watch_end(future)  # aborted while it started: the abort cut the group, not watched it
+    return _create_work_from_future(future)
 
-    def finish(done: Future[Any]) -> Any:
-        guard.untrack(ticket)
-        ended.set()
-        try:
-            done.wait()
-        except RuntimeError as exc:
-            guard.poison(f"collective failed: {exc}")
-            return call.result
-        if call.expand is not None:
-            call.expand(call.outputs)
+
+def _finish(guard: StepGuard, call: _Collective, done: Future[Any]) -> Any:
+    """The Python completion of an in-place collective (see :func:`_in_place`)."""
+    try:
+        done.wait()
+    except RuntimeError as exc:
+        guard.poison(f"collective failed: {exc}")
         return call.result
+    if call.expand is not None:
+        call.expand(call.outputs)
+    return call.result
 
-    return _create_work_from_future(work.get_future().then(finish))
+
+def _watch_end(future: Future[Any]) -> None:
+    ended = threading.Event()
+    future.add_done_callback(lambda _: ended.set())
+    threading.Thread(target=_await_end, args=(ended,), daemon=True).start()
 
 
 def _await_end(ended: threading.Event) -> None:

@@ -12,9 +12,16 @@ import functools
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.futures import Future
+
+from torchrelay.runtime import native_guard
+
+# What an abort does with a pending collective, given its future (None: not started yet).
+Settle = Callable[["Future[Any] | None"], None]
 
 
 class GenerationAborted(RuntimeError):
@@ -22,45 +29,81 @@ class GenerationAborted(RuntimeError):
 
 
 class StepGuard:
-    """Tracks the health of the current step and of the current generation. Thread-safe."""
+    """Tracks the health of the current step and of the current generation. Thread-safe.
+
+    A failed collective poisons the step from gloo's thread, through :meth:`poison` or, for
+    the collectives :meth:`chain_native` completes, through the compiled guard's flag
+    (:mod:`native_guard`); :attr:`poisoned` reads both.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.generation = -1
-        self.poison_reason: str | None = None
+        self._reason: str | None = None
         self.optimizer_applied = False
         # A hosted rank's accumulating pass (runtime.hosting): the optimizer waits for the
         # host's own pass, which applies the summed gradients once.
         self.accumulating = False
         self._aborted = False
         self._aborted_upto = -1
-        self._pending: dict[int, tuple[float, Callable[[bool], None]]] = {}
+        self._pending: dict[int, _Pending] = {}
         self._next_id = 0
+        self._native = native_guard.load()
+        self._native_poison = None if self._native is None else self._native.Poison()
 
     @property
     def poisoned(self) -> bool:
-        return self.poison_reason is not None
+        return self._reason is not None or (
+            self._native_poison is not None and self._native_poison.set
+        )
+
+    @property
+    def poison_reason(self) -> str | None:
+        """Why the step is poisoned (the first failure's reason); ``None`` if it is not."""
+        if self._reason is None and self._native_poison is not None and self._native_poison.set:
+            return str(self._native_poison.reason)
+        return self._reason
 
     @property
     def aborted(self) -> bool:
         """The controller aborted this generation: stop at the next chance and recover."""
         return self._aborted
 
+    @property
+    def native(self) -> bool:
+        """Whether collectives complete through the compiled guard (:meth:`chain_native`)."""
+        return self._native is not None
+
     def begin_step(self) -> None:
-        self.poison_reason = None
-        self.optimizer_applied = False
+        with self._lock:
+            self._clear_poison()
+            self.optimizer_applied = False
 
     def enter_generation(self, generation: int) -> None:
         with self._lock:
             self.generation = generation
             # An abort can overtake the plan it cancels: remember it for when we get there.
             self._aborted = generation <= self._aborted_upto
-            self.poison_reason = None
+            self._clear_poison()
+
+    def _clear_poison(self) -> None:
+        self._reason = None
+        if self._native_poison is not None:
+            self._native_poison.clear()
 
     def poison(self, reason: str) -> None:
         with self._lock:
-            if self.poison_reason is None:
-                self.poison_reason = reason
+            if not self.poisoned:
+                self._reason = reason
+
+    def chain_native(self, inner: Future[Any], outputs: list[torch.Tensor]) -> Future[Any] | None:
+        """``inner``'s future chained by the compiled guard: it completes with ``inner``'s
+        value, or, if ``inner`` fails, poisons the step and completes with ``outputs``; no
+        Python runs on completion. ``None`` where the guard is not compiled (the caller then
+        chains a Python callback that does the same)."""
+        if self._native is None:
+            return None
+        return self._native.guarded(inner, outputs, self._native_poison)
 
     def abort(self, generation: int) -> None:
         """Release every pending collective of ``generation`` as failed."""
@@ -69,17 +112,18 @@ class StepGuard:
             if generation != self.generation:
                 return
             self._aborted = True
-            if self.poison_reason is None:
-                self.poison_reason = f"generation {generation} aborted by the controller"
-            pending = [settle for _, settle in self._pending.values()]
+            if not self.poisoned:
+                self._reason = f"generation {generation} aborted by the controller"
+            pending = [p for p in self._pending.values() if not p.ended()]
             self._pending.clear()
-        for settle in pending:
-            settle(False)
+        for entry in pending:
+            entry.settle(entry.future)
 
     def oldest_wait(self) -> float | None:
         """Seconds the oldest pending collective has waited (``None``: nothing pending)."""
         with self._lock:
-            started = min((t for t, _ in self._pending.values()), default=None)
+            self._pending = {k: p for k, p in self._pending.items() if not p.ended()}
+            started = min((p.started for p in self._pending.values()), default=None)
         return None if started is None else time.monotonic() - started
 
     def wait_works(self, works: list[Any], after_each: Callable[[int], None]) -> None:
@@ -101,7 +145,7 @@ class StepGuard:
                 errors.append(exc)
             done.set()
 
-        ticket = self.track(lambda _ok: done.set())
+        ticket = self.track(lambda _future: done.set())
         if ticket is None:
             raise GenerationAborted(f"generation {self.generation} aborted")
         threading.Thread(target=wait_all, name="torchrelay-transfer-wait", daemon=True).start()
@@ -112,18 +156,48 @@ class StepGuard:
         if errors:
             raise errors[0]
 
-    def track(self, settle: Callable[[bool], None]) -> int | None:
-        """Register a pending collective; ``None`` means: already aborted, settle it now."""
+    def track(self, settle: Settle) -> int | None:
+        """Register a pending collective; ``None`` means: already aborted, settle it now.
+
+        An abort of the generation calls ``settle`` with the collective's future (``None`` if
+        it has not started yet); a collective whose future ended is no longer pending."""
         with self._lock:
             if self._aborted:
                 return None
+            # Forget what ended (a chained collective's future says so, and holds its outputs
+            # until forgotten): the registry is the collectives in flight and no more.
+            self._pending = {k: p for k, p in self._pending.items() if not p.ended()}
             self._next_id += 1
-            self._pending[self._next_id] = (time.monotonic(), settle)
+            self._pending[self._next_id] = _Pending(time.monotonic(), settle)
             return self._next_id
+
+    def launched(self, ticket: int, future: Future[Any]) -> bool:
+        """The tracked collective started, and ``future`` ends with it: it stops being pending
+        then, with no call back here. ``False``: an abort settled it meanwhile (with no future
+        to watch; the caller watches it)."""
+        with self._lock:
+            entry = self._pending.get(ticket)
+            if entry is None:
+                return False
+            entry.future = future
+            return True
 
     def untrack(self, ticket: int) -> None:
         with self._lock:
             self._pending.pop(ticket, None)
+
+
+@dataclass
+class _Pending:
+    """A tracked collective: when it started, what an abort does with it, and its future once
+    it started (it has ended when that future is done)."""
+
+    started: float
+    settle: Settle
+    future: Future[Any] | None = None
+
+    def ended(self) -> bool:
+        return self.future is not None and self.future.done()
 
 
 def guard_optimizer(optimizer: torch.optim.Optimizer, guard: StepGuard) -> None:

@@ -1,0 +1,60 @@
+"""Two real processes, each with a stable process group bound to a real gloo group made as a
+job makes it (one whose connections can be cut): the tests of the step guard and of cutting
+gloo. Every wait is on a store key or a queue, with the store's timeout as the only net."""
+
+from __future__ import annotations
+
+import datetime
+import multiprocessing
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from tests.etcd import free_port
+from torchrelay.runtime.devices import new_group
+from torchrelay.runtime.facade import StableProcessGroup
+from torchrelay.runtime.guard import StepGuard
+
+TIMEOUT = datetime.timedelta(seconds=60)
+Target = Callable[[int, int, "multiprocessing.Queue[Any]"], None]
+
+
+@dataclass
+class Member:
+    """One process's side: the job's store, generation 0's gloo group, the guard, the facade."""
+
+    store: dist.TCPStore
+    inner: dist.ProcessGroup
+    guard: StepGuard
+    facade: StableProcessGroup
+
+
+def join_pair(rank: int, port: int) -> Member:
+    """In a member process: the store (rank 0 hosts it), the group, and a facade bound to it
+    in generation 0."""
+    store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timeout=TIMEOUT)
+    inner = new_group(dist.PrefixStore("g0", store), rank, 2, TIMEOUT, torch.device("cpu"))
+    guard = StepGuard()
+    facade = StableProcessGroup(2, guard)
+    facade.bind(inner, rank, generation=0)
+    guard.enter_generation(0)
+    return Member(store, inner, guard, facade)
+
+
+def run_pair(target: Target, reports: int) -> list[Any]:
+    """Run ``target(rank, port, results)`` in two spawned processes; the ``reports`` items
+    they put on ``results``, in order, once both exited 0."""
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    port = free_port()
+    members = [context.Process(target=target, args=(r, port, results)) for r in (0, 1)]
+    for member in members:
+        member.start()
+    got = [results.get(timeout=90) for _ in range(reports)]
+    for member in members:
+        member.join(30)
+    assert [m.exitcode for m in members] == [0, 0]
+    return got
