@@ -42,6 +42,7 @@ def _member(rank: int, port: int, results: multiprocessing.Queue) -> None:
         store.set("sent", outcome)
         results.put((rank, outcome))
         store.wait(["done"])
+        store.set("left", "1")  # rank 0 hosts the store: it leaves last
         return
     buffer = torch.full((1 << 18,), 5.0)
     work = facade.allreduce([buffer])  # in place: ``buffer`` is the work's own
@@ -53,6 +54,7 @@ def _member(rank: int, port: int, results: multiprocessing.Queue) -> None:
     outcome = (in_place, summed[0].item(), buffer.unique().tolist(), guard.poisoned, late)
     results.put((rank, *outcome, guard.native))
     store.set("done", "1")
+    store.wait(["left"])
 
 
 def test_an_aborted_all_reduce_never_writes_into_the_callers_buffer_even_when_the_peer_resumes(
