@@ -13,6 +13,10 @@ only imported torch, and the training process, started fresh or forked from a no
 (``agent.template``, as torchrelay starts workers and spares: the pages importing torch dirtied
 are then the template's, and the kernel does not free them when the child dies; that sample is
 timed to the agent's handle, the template's report included).
+
+``--resident-gib`` adds processes holding that much written memory, each with and without
+torchrelay's exit holder (:mod:`torchrelay.runtime.exit_holder`, which leaves the unmapping
+to a process sharing the memory): the floor against memory, and what the holder leaves of it.
 """
 
 from __future__ import annotations
@@ -40,10 +44,17 @@ opt = build_optimizer(model)
 loss_fn(model, make_batch({model!r}, 0, 0)).backward()
 opt.step()
 """
+_HOLD = """
+import torch
+from torchrelay.runtime import exit_holder
+assert exit_holder.start(torch.device("cpu")) is not None, "the runtime's C++ is not built"
+"""
+_RESIDENT = "import torch\nresident = torch.ones(int({gib} * 2**28))\n"
 VARIANTS = {
     "bare interpreter": "",
     "import torch": "import torch\n",
     "training process ({model})": _TRAIN,
+    "training process ({model}), with its exit holder": _TRAIN + _HOLD,
 }
 
 
@@ -90,6 +101,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--samples", type=int, default=7)
     parser.add_argument("--model", default="small")
+    parser.add_argument("--resident-gib", default="", help="e.g. 0.25,1,4 (GiB written)")
     args = parser.parse_args()
     for name, prelude in VARIANTS.items():
         seconds = [kill_to_reaped(prelude.format(model=args.model)) for _ in range(args.samples)]
@@ -99,6 +111,11 @@ def main() -> None:
         f"training process ({args.model}), forked from a template",
         forked_kill_to_reaped(train, args.samples),
     )
+    for gib in filter(None, args.resident_gib.split(",")):
+        resident = _RESIDENT.format(gib=float(gib))
+        for label, prelude in (("", resident), (", with its exit holder", resident + _HOLD)):
+            seconds = [kill_to_reaped(prelude) for _ in range(args.samples)]
+            _print(f"{gib} GiB resident{label}", seconds)
 
 
 if __name__ == "__main__":

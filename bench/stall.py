@@ -5,6 +5,8 @@ steps) alternately with this checkout's ``src`` and, if ``--baseline-src`` names
 checkout's (``BENCH_SRC``, see :func:`bench.procs.worker_env`), ``--pairs`` times, and prints
 the median (min-max) of each ledger phase (detect, plan, communicator, transfer, first step),
 kill -> first step, the bench's stall per failure and the transfer's MB/s, for each tree.
+``--resident-gib`` makes each worker hold that much more host memory, as real trainers do:
+what the kernel unmaps when one is killed.
 Both trees run the same worker scripts (this checkout's ``bench/workers``).
 """
 
@@ -21,6 +23,7 @@ from bench import metrics
 from bench.config import PRESETS
 from bench.runner import JobResult, run_job
 from bench.systems import TorchrelaySpare
+from bench.workload import RESIDENT_GIB
 
 PHASES = ("detect", "plan", "communicator", "transfer", "first_step", "total")
 
@@ -48,7 +51,14 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=2)
     parser.add_argument("--model", default="small", choices=("small", "large"))
     parser.add_argument("--baseline-src", type=Path, default=None)
+    parser.add_argument(
+        "--resident-gib",
+        type=float,
+        default=0.0,
+        help="host memory each worker holds besides its state, as a real trainer does",
+    )
     args = parser.parse_args()
+    os.environ[RESIDENT_GIB] = str(args.resident_gib)
     config = PRESETS["default"]
     scenario = next(s for s in config.scenarios if s.model == args.model)
     trees = {"this tree": None}

@@ -13,7 +13,7 @@ benchmark runs both paths in the same two processes, interleaved in short blocks
   tracked state's snapshot. ``--facade-only`` leaves out the per-step work; ``--unguarded``
   also the stable group's guard (its collectives go straight to the inner group), to measure
   what the guard costs. B's guard completes collectives in C++ where the launcher has built
-  it (:mod:`torchrelay.runtime.native_guard`), in Python with ``TORCHRELAY_NATIVE_GUARD=0``;
+  it (:mod:`torchrelay.runtime.native`), in Python with ``TORCHRELAY_NATIVE_GUARD=0``;
   the output says which.
 
 Each round runs ``--block`` steps of A, then of B (their order alternates between rounds), on the

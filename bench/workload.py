@@ -27,6 +27,8 @@ import torch
 from torch import nn
 
 SEED = 1234
+# GiB of host memory each torchrelay worker writes besides its state (bench.stall --resident-gib)
+RESIDENT_GIB = "BENCH_RESIDENT_GIB"
 LR = 1e-3
 
 

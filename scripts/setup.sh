@@ -41,10 +41,10 @@ apt_install "munged slurmctld slurmd sbatch srun" "the Slurm tests" slurm-wlm mu
 # The HTML report test opens the page in headless Chromium (Debian's chromium) and keeps its
 # screenshot.
 apt_install chromium "the HTML report rendering test" chromium
-# The step guard's completion in C++ (src/torchrelay/runtime/native_guard.cpp), compiled once per
-# torch into ~/.cache/torchrelay (about 30 s): what a launch does first anyway. Without a
-# compiler the launcher says so in one line and workers run the Python guard.
-apt_install g++ "the compiled step guard" g++
+# The runtime's C++ (src/torchrelay/runtime/native.cpp: the step guard's completion and the exit
+# holder), compiled once per torch into ~/.cache/torchrelay (about 40 s): what a launch does
+# first anyway. Without a compiler the launcher says so in one line and workers run without it.
+apt_install g++ "the runtime's C++" g++
 .venv/bin/python -m torchrelay.agent.native_build || true
 # Transparent mode snapshots processes with CRIU >= 4.1 (Debian 12's 3.17 fails on this kernel):
 # found, or built once into .venv/criu/criu (about a minute). Without it transparent mode

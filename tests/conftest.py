@@ -14,7 +14,8 @@ import torch.distributed as dist
 
 from tests.etcd import etcd  # noqa: F401  (a fixture: a real etcd on free loopback ports)
 from tests.live_job import live_job  # noqa: F401  (a fixture: a controller behind its RPC)
-from torchrelay.runtime import native_guard
+from torchrelay.runtime import native
+from torchrelay.runtime.guard import NATIVE_SWITCH
 
 
 def run_ranks(
@@ -44,12 +45,12 @@ def run_ranks(
 
 
 def require_built() -> None:
-    """Skip where no compiled guard is built (scripts/setup.sh builds it); CI must have it."""
-    path = native_guard.built_path()
+    """Skip where the runtime's C++ is not built (scripts/setup.sh builds it); CI must have it."""
+    path = native.built_path()
     if path is None or not path.is_file():
         if os.environ.get("CI"):
-            pytest.fail(f"the compiled step guard is not built ({path}): run scripts/setup.sh")
-        pytest.skip("the compiled step guard is not built here (scripts/setup.sh builds it)")
+            pytest.fail(f"the runtime's C++ is not built ({path}): run scripts/setup.sh")
+        pytest.skip("the runtime's C++ is not built here (scripts/setup.sh builds it)")
 
 
 @pytest.fixture(params=["compiled", "python"])
@@ -57,7 +58,7 @@ def guard_kind(request, monkeypatch):
     """Which guard the processes a test starts run; they inherit the switch."""
     if request.param == "compiled":
         require_built()
-    monkeypatch.setenv(native_guard.SWITCH, "1" if request.param == "compiled" else "0")
+    monkeypatch.setenv(NATIVE_SWITCH, "1" if request.param == "compiled" else "0")
     return request.param
 
 

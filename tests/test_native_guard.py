@@ -1,5 +1,5 @@
-"""The compiled step guard (runtime/native_guard.cpp): built by the launcher, loaded by workers,
-and completing an in-place collective as the Python guard does. The collective tests run
+"""The compiled step guard (runtime/native_guard.cpp, in the extension runtime/native.py builds
+and loads): completing an in-place collective as the Python guard does. The collective tests run
 twice, compiled and Python, in two real processes over a real gloo group."""
 
 from __future__ import annotations
@@ -7,9 +7,7 @@ from __future__ import annotations
 import gc
 import multiprocessing
 import os
-import shutil
 import weakref
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,9 +15,8 @@ from torch.futures import Future
 
 from tests.conftest import require_built
 from tests.gloo_pair import join_pair, run_pair
-from torchrelay.agent import native_build
-from torchrelay.runtime import native_guard
-from torchrelay.runtime.guard import StepGuard
+from torchrelay.runtime import native
+from torchrelay.runtime.guard import NATIVE_SWITCH, StepGuard
 
 
 def _mismatched_member(rank: int, port: int, results: multiprocessing.Queue) -> None:
@@ -136,77 +133,19 @@ def test_a_collective_that_starts_after_the_abort_is_told_so():
 def test_the_python_guard_runs_where_the_compiled_one_is_switched_off_or_not_built(
     monkeypatch, tmp_path
 ):
-    monkeypatch.setenv(native_guard.SWITCH, "0")
-    native_guard.load.cache_clear()
-    assert native_guard.load() is None and not StepGuard().native
-    monkeypatch.setenv(native_guard.SWITCH, "1")
+    monkeypatch.setenv(NATIVE_SWITCH, "0")  # the extension may load: the guard does not use it
+    assert not StepGuard().native
+    monkeypatch.setenv(NATIVE_SWITCH, "1")
     monkeypatch.setenv("TORCHRELAY_CACHE", str(tmp_path))  # nothing built there
-    native_guard.load.cache_clear()
+    native.load.cache_clear()
     try:
-        assert native_guard.load() is None
+        assert not StepGuard().native
     finally:
         monkeypatch.undo()
-        native_guard.load.cache_clear()
+        native.load.cache_clear()
 
 
-def test_the_compiled_guard_loads_where_it_is_built():
+def test_the_compiled_guard_runs_where_the_extension_is_built():
     require_built()
-    native_guard.load.cache_clear()
-    assert native_guard.load() is not None and StepGuard().native
-
-
-def test_the_compiled_guard_is_loaded_only_from_this_users_own_directories(
-    monkeypatch, tmp_path, capfd
-):
-    """Code is loaded from the cache: a directory others can write to is refused."""
-    require_built()
-    built = native_guard.built_path()
-    monkeypatch.setenv("TORCHRELAY_CACHE", str(tmp_path / "cache"))
-    copy = native_guard.built_path()
-    assert built is not None and copy is not None
-    native_guard.make_private_dirs(copy)
-    shutil.copy2(built, copy)
-    try:
-        copy.parent.chmod(0o777)
-        native_guard.load.cache_clear()
-        assert native_guard.load() is None
-        assert "not this user's alone" in capfd.readouterr().err
-        copy.parent.chmod(0o700)
-        native_guard.load.cache_clear()
-        assert native_guard.load() is not None
-    finally:
-        monkeypatch.undo()
-        native_guard.load.cache_clear()
-
-
-def test_a_build_that_fails_is_one_line_and_is_not_retried_at_every_launch(monkeypatch, tmp_path):
-    """A compiler that cannot compile: the launcher says why in one line, leaves the job to
-    the Python guard, and the next launch does not compile again."""
-    compiler = tmp_path / "c++"
-    compiler.write_text(
-        '#!/bin/sh\ncase "$1" in -v|--version|-dumpfullversion) exec g++ "$@";; esac\n'
-        'echo "cc1plus: out of memory allocating 4096 bytes" >&2\nexit 1\n'
-    )
-    compiler.chmod(0o755)
-    monkeypatch.setenv("CXX", str(compiler))
-    monkeypatch.setenv("TORCHRELAY_CACHE", str(tmp_path / "cache"))
-    monkeypatch.delenv(native_guard.SWITCH, raising=False)
-    lines: list[str] = []
-    assert not native_build.ensure_native_guard(lines.append)
-    assert len(lines) == 2 and "compiling" in lines[0]
-    assert "did not build" in lines[1] and "Python step guard" in lines[1]
-    build_dir = Path(str(native_guard.built_path())).parent
-    logs = sorted(build_dir.glob("build-*.log"))
-    assert len(logs) == 1 and "out of memory" in logs[0].read_text()
-    again: list[str] = []
-    assert not native_build.ensure_native_guard(again.append)
-    assert len(again) == 1 and "to retry" in again[0]
-    assert sorted(build_dir.glob("build-*.log")) == logs  # not compiled again
-
-
-def test_nothing_is_built_or_imported_when_switched_off(monkeypatch, tmp_path):
-    monkeypatch.setenv(native_guard.SWITCH, "0")
-    monkeypatch.setenv("TORCHRELAY_CACHE", str(tmp_path))
-    lines: list[str] = []
-    assert not native_build.ensure_native_guard(lines.append)
-    assert lines == [] and not any(tmp_path.iterdir())
+    native.load.cache_clear()
+    assert StepGuard().native

@@ -12,7 +12,7 @@ import threading
 import time
 from pathlib import Path
 
-from torchrelay.agent.spawn import TRAMPOLINE, spawn
+from torchrelay.agent.spawn import TRAMPOLINE, await_group_end, signal_group, spawn
 
 # Answers each line on stdin with its pid: proof of life, paced by our own writes.
 ECHO = [sys.executable, "-c", "import os, sys\nfor _ in sys.stdin: print(os.getpid(), flush=True)"]
@@ -111,3 +111,18 @@ def test_a_launcher_dead_before_the_request_takes_its_process_with_it():
         timeout=60,
     )
     assert done.returncode == -signal.SIGKILL
+
+
+def test_a_group_ends_when_its_last_member_has_gone_not_when_its_leader_has():
+    """What a process leaves in its group (its exit holder, data loader workers) is waited
+    for: the leader reaped, a member that outlives it keeps the group."""
+    script = "import subprocess, sys\nprint(subprocess.Popen(['cat']).pid, flush=True)\n"
+    leader = spawn([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert leader.stdout is not None and leader.stdin is not None
+    member = int(leader.stdout.readline())  # `cat`, reading the pipe we hold open
+    assert leader.wait(timeout=60) == 0  # the leader is gone; `cat` is still in its group
+    assert not await_group_end(leader.pid, timeout=0.2)
+    signal_group(leader.pid, signal.SIGKILL)
+    assert await_group_end(leader.pid, timeout=60)
+    assert _gone(member)  # at once: the group is empty
+    leader.stdin.close()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import _path  # noqa: F401  (puts the repository root on sys.path)
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -9,6 +11,7 @@ from torch.utils.data import TensorDataset
 
 import torchrelay
 from bench.workload import (
+    RESIDENT_GIB,
     SEED,
     KillSwitch,
     ProgressLog,
@@ -32,6 +35,9 @@ def _log_commits(log: ProgressLog, committed: int, logged: int, world: int) -> i
 def main() -> None:
     args = worker_args()
     relay = torchrelay.init(seed=SEED)
+    # Host memory a real trainer holds besides its state (pinned staging, data loader caches,
+    # CUDA's host allocations): written, so resident, and the kernel unmaps it when killed.
+    _resident = torch.ones(int(float(os.environ.get(RESIDENT_GIB, "0")) * 2**28))
     net = build_model(args.model)
     model = DDP(net, process_group=relay.process_group)
     opt = build_optimizer(model)

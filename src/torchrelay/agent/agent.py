@@ -26,7 +26,7 @@ from typing import IO, Any
 
 from torchrelay.agent.copying import Copying
 from torchrelay.agent.resume import checkpoint_environment
-from torchrelay.agent.spawn import signal_group, spawn
+from torchrelay.agent.spawn import await_group_end, signal_group, spawn
 from torchrelay.agent.template import ForkedProcess, NodeTemplate, TemplateUnavailable
 from torchrelay.config import JobConfig
 from torchrelay.health import quarantine
@@ -263,6 +263,9 @@ class NodeAgent(Copying):
             migrated = self._moving.get(process) is proc
         if not migrated:
             self._on_exit(process, returncode)
+        # Reported first, then waited for: its exit holder, which unmaps its memory after it
+        # (runtime.exit_holder), leaves with this node, not after it.
+        await_group_end(proc.pid)
 
     def _pump(self, process: str, stream: IO[bytes]) -> None:
         with (self.log_dir / f"{process}.log").open("ab") as log:

@@ -23,9 +23,13 @@ import queue
 import subprocess
 import sys
 import threading
+import time
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
+
+GROUP_END_TIMEOUT_S = 5.0
+GROUP_END_POLL_S = 0.005  # no pidfd for a group: its end is polled
 
 TRAMPOLINE = Path(__file__).with_name("deathsig.py")
 
@@ -67,3 +71,19 @@ def signal_group(pid: int, signum: int) -> None:
     group that no longer exists is not an error."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signum)
+
+
+def await_group_end(pid: int, timeout: float = GROUP_END_TIMEOUT_S) -> bool:
+    """Wait until the process group led by ``pid`` has no member left (each exited and was
+    reaped): after a SIGKILL to it, what a process left in its group (its exit holder, which
+    unmaps its memory; data loader workers) is gone when this returns ``True``. ``False``
+    after ``timeout``: a member whose parent does not reap it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            os.killpg(pid, 0)
+        except ProcessLookupError:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(GROUP_END_POLL_S)

@@ -59,9 +59,9 @@ def _warm() -> None:
     import torch
 
     torch.optim.AdamW([torch.zeros(1, requires_grad=True)])
-    from torchrelay.runtime import native_guard
+    from torchrelay.runtime import native
 
-    native_guard.load()  # the compiled step guard, if built: loaded once, shared by every fork
+    native.load()  # the compiled extension, if built: loaded once, shared by every fork
     # Leave the objects made so far out of every collection: a collection in a child would
     # write to each one's header, copying the template's whole heap page by page.
     gc.collect()

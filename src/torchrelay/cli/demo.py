@@ -69,12 +69,12 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from torchrelay.agent.launcher import launch
-    from torchrelay.agent.native_build import ensure_native_guard
+    from torchrelay.agent.native_build import ensure_native
 
     console = Console()
     if not args.script.is_file():
         raise SystemExit(f"torchrelay demo: example script not found at {args.script}")
-    ensure_native_guard()
+    ensure_native()
     chaos = args.chaos or [
         f"kill:rank={min(2, args.workers - 1)}:step={int(args.steps * 0.4)}:phase=backward",
         f"kill:rank=0:step={int(args.steps * 0.7)}",

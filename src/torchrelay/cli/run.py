@@ -10,7 +10,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from torchrelay.agent.native_build import ensure_native_guard
+from torchrelay.agent.native_build import ensure_native
 from torchrelay.agent.slurm import Placement, SlurmError, place, slurm_step
 from torchrelay.chaos import ChaosSpecError, parse_schedule
 from torchrelay.cli import elastic as elastic_flags
@@ -362,7 +362,7 @@ def run(args: argparse.Namespace) -> int:
     export_key(config, args.resume)
     if args.resume:
         config.resume = choose_resume(config)
-    ensure_native_guard()  # before any worker starts: they load it, never build it
+    ensure_native()  # before any worker starts: they load it, never build it
     # torch loads here, once the arguments are known to be good: `torchrelay --help`, the
     # operator commands and a mistyped flag never pay for it.
     from torchrelay.agent.fallback import next_attempt, resume_hint

@@ -332,7 +332,7 @@ def _in_place(
 
     The caller's future is the inner work's, chained so that a failure poisons the step
     instead of raising: by the compiled guard where it is built (no Python on completion, see
-    :mod:`native_guard`), else by one Python callback on gloo's thread. It completes only once
+    :mod:`native`), else by one Python callback on gloo's thread. It completes only once
     the inner work has ended, so nothing of an aborted generation writes into the caller's
     buffers after it is released. An abort cuts the group, which ends the work within
     milliseconds (see :func:`_await_end` for one that does not)."""

@@ -9,6 +9,7 @@ step is recomputed after recovery.
 from __future__ import annotations
 
 import functools
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -18,7 +19,10 @@ from typing import Any
 import torch
 from torch.futures import Future
 
-from torchrelay.runtime import native_guard
+from torchrelay.runtime import native
+
+# "0": collectives complete through the Python callback even where the extension is built.
+NATIVE_SWITCH = "TORCHRELAY_NATIVE_GUARD"
 
 # What an abort does with a pending collective, given its future (None: not started yet).
 Settle = Callable[["Future[Any] | None"], None]
@@ -33,7 +37,7 @@ class StepGuard:
 
     A failed collective poisons the step from gloo's thread, through :meth:`poison` or, for
     the collectives :meth:`chain_native` completes, through the compiled guard's flag
-    (:mod:`native_guard`); :attr:`poisoned` reads both.
+    (``native_guard.cpp``, in :mod:`native`); :attr:`poisoned` reads both.
     """
 
     def __init__(self) -> None:
@@ -48,7 +52,7 @@ class StepGuard:
         self._aborted_upto = -1
         self._pending: dict[int, _Pending] = {}
         self._next_id = 0
-        self._native = native_guard.load()
+        self._native = native.load() if os.environ.get(NATIVE_SWITCH, "1") != "0" else None
         self._native_poison = None if self._native is None else self._native.Poison()
 
     @property

@@ -1,12 +1,14 @@
-// The step guard's per-collective completion in C++ (see native_guard.py for the contract).
+// The step guard's per-collective completion in C++ (see guard.py and native.py for the
+// contract; bound into the extension by native.cpp).
 //
 // Why C++: in Python, every all-reduce DDP launches ran one callback on gloo's thread, which
 // had to take the GIL from the training thread: 2.5-4 % of a small model's CPU per step
 // (docs/benchmarks.md, "Steady state"). Here the callback takes no GIL, so a healthy
 // collective costs the step nothing but a chained future.
 
+#include "native.h"
+
 #include <torch/csrc/jit/python/pybind_utils.h>
-#include <torch/extension.h>
 
 #include <atomic>
 #include <memory>
@@ -69,7 +71,7 @@ std::shared_ptr<torch::jit::PythonFutureWrapper> guarded(
 
 }  // namespace
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+void bind_step_guard(py::module_& m) {
   py::class_<Poison, std::shared_ptr<Poison>>(m, "Poison")
       .def(py::init<>())
       .def("mark", &Poison::mark)

@@ -39,7 +39,7 @@ from torchrelay.chaos import ChaosEvent
 from torchrelay.control.client import ControlClient
 from torchrelay.control.endpoint import failover_for
 from torchrelay.control.protocol import JoinAnswer, MaxSteps, Message, Report
-from torchrelay.runtime import default_group
+from torchrelay.runtime import default_group, exit_holder
 from torchrelay.runtime.allocator import keep_freed_memory
 from torchrelay.runtime.chaos_inject import ChaosInjection
 from torchrelay.runtime.checkpoint import Checkpointer, resume_from_environ
@@ -382,10 +382,16 @@ def init(seed: int = 0) -> Relay:
 
     Seeds every RNG identically on all ranks (so models are built identically), picks the
     device (``relay.device``: this process's GPU with NCCL when CUDA is available, else the CPU
-    with gloo; see :mod:`torchrelay.runtime.devices`), opens the stable process group, and
-    returns the :class:`Relay`. On a spare it returns at once; the
-    spare waits for a slot in :meth:`Relay.steps`.
-    """
+    with gloo; see :mod:`torchrelay.runtime.devices`), opens the stable process group, starts
+    the exit holder (:mod:`torchrelay.runtime.exit_holder`), and returns the :class:`Relay`
+    (on a spare at once: it waits for a slot in :meth:`Relay.steps`)."""
+    relay = join(seed)
+    exit_holder.start(relay.device)
+    return relay
+
+
+def join(seed: int = 0) -> Relay:
+    """:func:`init` without the exit holder: transparent mode's (CRIU cannot snapshot it)."""
     env = RelayEnv.from_environ()
     failover = failover_for(env.state, env.token)
     client = ControlClient(env.control, env.token, env.process, failover=failover)

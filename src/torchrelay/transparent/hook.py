@@ -214,7 +214,7 @@ def _init_process_group(*_args: Any, **_kwargs: Any) -> None:
     global _worker
     if _worker is None:
         with _rng_kept():
-            relay = relay_module.init()
+            relay = relay_module.join()  # no exit holder: CRIU snapshots this process
         _worker = TransparentWorker(relay)
         _refusals_in_one_line(relay)
 

@@ -1,24 +1,29 @@
-"""The step guard's completion of a collective, compiled (``native_guard.cpp``): where it is
-built, and how a worker loads it.
+"""The worker runtime's compiled extension: where it is built, and how a process loads it.
 
-Why: DDP's all-reduces each completed through a Python callback that gloo's thread ran under
-the GIL, 2.5-4 % of a small model's CPU per step (docs/benchmarks.md, "Steady state"). The
-compiled callback takes no GIL: a healthy collective costs a chained future.
+One module, ``native.cpp``, binds two things that need C++:
+
+- the step guard's completion of a collective (``native_guard.cpp``; used by
+  :mod:`torchrelay.runtime.guard`). DDP's all-reduces each completed through a Python callback
+  that gloo's thread ran under the GIL, 2.5-4 % of a small model's CPU per step
+  (docs/benchmarks.md, "Steady state"); the compiled callback takes no GIL;
+- the exit holder (``exit_holder.cpp``; :mod:`torchrelay.runtime.exit_holder`), which no
+  Python can do: a process that shares the worker's memory, so that the kernel reports a
+  killed worker before it has unmapped that memory.
 
 Contract:
 
-- :func:`build` (the launcher, through ``python -m torchrelay.runtime.native_guard``) compiles
-  the source with torch's C++ extension tools into the cache, once per source, torch and
-  Python: ``$TORCHRELAY_CACHE``, else ``$XDG_CACHE_HOME/torchrelay``, else
-  ``~/.cache/torchrelay``. It needs a C++ compiler and Python's headers (about 30 s on 2
-  cores). Concurrent builds of one key (nodes sharing a home) wait on torch's lock file.
+- :func:`build` (the launcher, through ``python -m torchrelay.runtime.native``) compiles the
+  sources with torch's C++ extension tools into the cache, once per source, torch and Python:
+  ``$TORCHRELAY_CACHE``, else ``$XDG_CACHE_HOME/torchrelay``, else ``~/.cache/torchrelay``.
+  It needs a C++ compiler and Python's headers (about 40 s on 2 cores). Concurrent builds of
+  one key (nodes sharing a home) wait on torch's lock file.
 - :func:`load` (every worker, once): the built module, or ``None`` where nothing is built, the
-  build does not load, or ``TORCHRELAY_NATIVE_GUARD=0``. It never compiles: a worker without
-  the module runs the Python guard, which behaves the same and costs that CPU. It loads only
-  from directories this user alone can write (:func:`make_private_dirs` makes them so): a
-  shared ``$TORCHRELAY_CACHE`` could otherwise hand a worker another user's code.
-- Failure: a build that fails is one line from the launcher, and the job runs on the Python
-  guard; nothing else changes.
+  build does not load, or ``TORCHRELAY_NATIVE=0``. It never compiles: a worker without the
+  module runs the Python guard, which behaves the same and costs that CPU, and no exit holder.
+  It loads only from directories this user alone can write (:func:`make_private_dirs` makes
+  them so): a shared ``$TORCHRELAY_CACHE`` could otherwise hand a worker another user's code.
+- Failure: a build that fails is one line from the launcher, and the job runs without the
+  extension; nothing else changes.
 
 Imports neither torch nor the rest of torchrelay at module level: the launcher asks
 :func:`built_path` without paying for ``import torch``.
@@ -38,13 +43,15 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-NAME = "torchrelay_native_guard"
-SOURCE = Path(__file__).with_name("native_guard.cpp")
-SWITCH = "TORCHRELAY_NATIVE_GUARD"  # "0": neither build nor load; the Python guard runs
+NAME = "torchrelay_native"
+_HERE = Path(__file__).parent
+SOURCES = tuple(_HERE / name for name in ("native.cpp", "native_guard.cpp", "exit_holder.cpp"))
+HEADERS = (_HERE / "native.h",)
+SWITCH = "TORCHRELAY_NATIVE"  # "0": neither build nor load (the Python guard, no exit holder)
 
 
 class NativeBuildError(RuntimeError):
-    """The compiled guard could not be built here: the message is one line, ``detail`` what
+    """The extension could not be built here: the message is one line, ``detail`` what
     the compiler said."""
 
     def __init__(self, message: str, detail: str = "") -> None:
@@ -70,21 +77,23 @@ def built_path() -> Path | None:
         torch_version = importlib.metadata.version("torch")
     except importlib.metadata.PackageNotFoundError:
         return None
-    key = hashlib.sha256(SOURCE.read_bytes())
+    key = hashlib.sha256()
+    for source in (*SOURCES, *HEADERS):
+        key.update(source.read_bytes())
     key.update(f"{torch_version}|{sys.version}|{platform.machine()}".encode())
     return cache_root() / "native" / key.hexdigest()[:16] / f"{NAME}.so"
 
 
 @functools.cache
 def load() -> ModuleType | None:
-    """The compiled guard, if built and enabled; else ``None`` (see the module doc)."""
+    """The extension, if built and enabled; else ``None`` (see the module doc)."""
     path = built_path() if enabled() else None
     if path is None or not path.is_file():
         return None
     if not _private(path):
         print(
             f"torchrelay: not loading {path}: it, or its directory, is not this user's alone "
-            f"(another user could have written it); using the Python guard",
+            f"(another user could have written it); running without it",
             file=sys.stderr,
         )
         return None
@@ -100,7 +109,7 @@ def load() -> ModuleType | None:
     try:
         loader.exec_module(module)
     except ImportError as exc:  # built against another torch or libstdc++ than this one
-        print(f"torchrelay: {path} does not load ({exc}); using the Python guard", file=sys.stderr)
+        print(f"torchrelay: {path} does not load ({exc}); running without it", file=sys.stderr)
         return None
     sys.modules[NAME] = module
     return module
@@ -124,12 +133,13 @@ def make_private_dirs(path: Path) -> None:
     writable by this user only (see :func:`load`)."""
     root = cache_root()
     root.parent.mkdir(parents=True, exist_ok=True)
-    for place in (*reversed(path.parent.relative_to(root).parents), path.parent.relative_to(root)):
+    below_root = path.parent.relative_to(root)
+    for place in (*reversed(below_root.parents), below_root):
         (root / place).mkdir(mode=0o700, exist_ok=True)
 
 
 def build() -> Path:
-    """Compile the guard into :func:`built_path` unless it is there; raises
+    """Compile the extension into :func:`built_path` unless it is there; raises
     :class:`NativeBuildError` (one line) when it cannot be built."""
     path = built_path()
     if path is None:
@@ -142,7 +152,7 @@ def build() -> Path:
     try:
         compile_extension(
             NAME,
-            [str(SOURCE)],
+            [str(source) for source in SOURCES],
             build_directory=str(path.parent),
             extra_cflags=["-O2"],
             verbose=False,
@@ -164,13 +174,13 @@ def _summary(exc: BaseException) -> str:
 
 
 def main() -> int:
-    """``python -m torchrelay.runtime.native_guard``: build; the last line of stderr says why
+    """``python -m torchrelay.runtime.native``: build; the last line of stderr says why
     not, and the exit status is 1."""
     try:
         print(build())
     except NativeBuildError as exc:
         print(exc.detail, file=sys.stderr)
-        print(f"the step guard's C++ did not build: {exc}", file=sys.stderr)
+        print(f"torchrelay's C++ did not build: {exc}", file=sys.stderr)
         return 1
     return 0
 

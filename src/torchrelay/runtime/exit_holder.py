@@ -1,0 +1,65 @@
+"""The exit holder: a killed worker is seen before the kernel has unmapped its memory.
+
+Why: the kernel ends a killed process in a fixed order. It unmaps its memory, then closes its
+files (its sockets: that is how its peers' collectives fail), then tells its parent
+(``waitpid``, a pidfd: that is how its node agent reports it). The unmapping takes ~70 ms per
+GiB resident, and ~20 ms for a process that has only imported torch (``bench.exit_floor``);
+nobody can learn of the death before it is done, so it sat under every detection.
+
+What it does: :func:`start` clones one more process from the worker, sharing its address
+space (``CLONE_VM``; not a thread, so not killed with it). While it lives, the worker's exit
+only drops a reference to the memory: its sockets close and its parent reaps it at once. The
+holder keeps no descriptor of the worker's but a pidfd of it, and blocks every signal; it
+exits when the pidfd says the worker has exited, and the kernel unmaps the memory in its exit,
+off the recovery's path, at nice 19 (on a machine without a spare core it takes idle CPU, not
+the recovery's).
+
+Contract:
+
+- one holder per process, started by :func:`torchrelay.init`; it is named
+  ``torchrelay-hold`` (``ps -o comm``) and is a child of the worker, in its process group;
+- it never outlives the worker by more than its unmapping: it exits on the worker's end, and
+  the agent SIGKILLs the worker's process group once the worker has ended;
+- not started (``None``): without the compiled extension (:mod:`native`), with
+  ``TORCHRELAY_EXIT_HOLDER=0``, in transparent mode (CRIU cannot snapshot two processes that
+  share memory), and on a CUDA device unless ``TORCHRELAY_EXIT_HOLDER=1`` (not yet checked
+  against the driver on a GPU);
+- failure: a holder that cannot start (Linux < 5.9 has no ``close_range``, < 5.3 no pidfd) is
+  one line on stderr, and the worker runs without it; nothing else changes.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+from torchrelay.runtime import native
+
+SWITCH = "TORCHRELAY_EXIT_HOLDER"  # "0": never; "1": on CUDA devices too
+
+_holder: int | None = None
+
+
+def start(device: torch.device) -> int | None:
+    """Start this process's holder unless it has one or must not (module doc); its pid."""
+    global _holder
+    if _holder is not None:
+        return _holder
+    switch = os.environ.get(SWITCH, "")
+    if switch == "0" or (device.type == "cuda" and switch != "1"):
+        return None
+    extension = native.load()
+    if extension is None:
+        return None
+    pid = extension.start_exit_holder()
+    if pid < 0:
+        print(
+            f"torchrelay: no exit holder ({os.strerror(-pid)}): this worker's death will be "
+            f"seen only once the kernel has unmapped its memory",
+            file=sys.stderr,
+        )
+        return None
+    _holder = pid
+    return pid

@@ -1,0 +1,83 @@
+"""The exit holder (runtime/exit_holder.py): a killed worker's end is seen -- its parent reaps
+it, its peers' sockets close -- while its memory is still mapped, held by the holder, which
+then exits too. Real processes; the holder is SIGSTOPped so that the order is certain."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import require_built
+from torchrelay.runtime import exit_holder
+
+_WORKER = """
+import socket, sys, time, torch
+from torchrelay.runtime import exit_holder
+resident = torch.ones(64 * 2**20)  # 256 MiB, written: resident
+peer = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+holder = exit_holder.start(torch.device("cpu"))
+print(holder, flush=True)
+time.sleep(3600)
+"""
+
+
+def _status(pid: int) -> dict[str, str]:
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return dict(line.split(":\t", 1) for line in lines if ":\t" in line)
+
+
+def _rss_mib(pid: int) -> int:
+    return int(_status(pid)["VmRSS"].split()[0]) // 1024
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_worker_is_reaped_and_its_sockets_close_before_its_memory_is_unmapped():
+    require_built()
+    listener = socket.create_server(("127.0.0.1", 0))
+    worker = subprocess.Popen(
+        [sys.executable, "-c", _WORKER, str(listener.getsockname()[1])],
+        stdout=subprocess.PIPE,
+        env={**os.environ, exit_holder.SWITCH: ""},
+    )
+    assert worker.stdout is not None
+    try:
+        peer, _ = listener.accept()
+        peer.settimeout(60)
+        holder = int(worker.stdout.readline())
+        holder_end = os.pidfd_open(holder)
+        assert Path(f"/proc/{holder}/comm").read_text().strip() == "torchrelay-hold"
+        assert int(_status(holder)["PPid"]) == worker.pid
+        assert len(os.listdir(f"/proc/{holder}/fd")) == 1  # its pidfd of the worker, no socket
+        assert int(_status(holder)["SigBlk"], 16) & (1 << (signal.SIGTERM - 1))
+        assert _rss_mib(holder) >= 256  # the worker's memory: one address space
+        fields = Path(f"/proc/{holder}/stat").read_text().rsplit(")", 1)[1].split()
+        assert int(fields[2]) == os.getpgid(worker.pid)  # in the worker's group: killed with it
+        assert int(fields[16]) == 19  # its unmapping yields to the recovery
+
+        os.kill(holder, signal.SIGSTOP)  # it can neither exit nor unmap anything now
+        worker.kill()
+        assert worker.wait(timeout=60) == -signal.SIGKILL  # reaped
+        assert peer.recv(1) == b""  # its socket closed: the peer saw the end
+        assert _status(holder)["State"].startswith("T") and _rss_mib(holder) >= 256
+
+        os.kill(holder, signal.SIGCONT)
+        assert select.select([holder_end], [], [], 60)[0] == [holder_end]  # then it ends
+    finally:
+        worker.kill()
+        worker.wait()
+        listener.close()
+
+
+def test_no_holder_where_switched_off_or_on_an_unchecked_cuda_device(monkeypatch):
+    monkeypatch.setenv(exit_holder.SWITCH, "0")
+    assert exit_holder.start(torch.device("cpu")) is None
+    monkeypatch.setenv(exit_holder.SWITCH, "")
+    assert exit_holder.start(torch.device("cuda", 0)) is None
