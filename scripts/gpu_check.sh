@@ -19,10 +19,14 @@
 #      0.1 G parameters, 1.3 GB of weights and optimizer state), one kill;
 #   6. NCCL: the same script, one worker on GPU 0 with the non-blocking NCCL communicator (a
 #      recovery between NCCL ranks needs a second GPU);
-#   7. on the machine's CPUs (TORCHRELAY_DEVICE=cpu), docs/benchmarks.md's figures on a machine
+#   7. the exit holder (runtime/exit_holder.py) with a CUDA context, which it is not yet started
+#      with by default: kill -> reaped and kill -> the GPU's memory free again, for a process
+#      holding 1 GiB on the GPU and 1 GiB of host memory, with the holder and without; then
+#      the 2-kill job again with TORCHRELAY_EXIT_HOLDER=1, its weights compared;
+#   8. on the machine's CPUs (TORCHRELAY_DEVICE=cpu), docs/benchmarks.md's figures on a machine
 #      with more than 2 cores: bench.stall --pairs 2 (the stall), bench.exit_floor (kill ->
 #      reaped) and bench.xfer --mb 1000 (transfer efficiency against gloo's own broadcast).
-# GPU_CHECK_CPU=1 runs steps 3-5 and 7 on the CPU instead (TORCHRELAY_DEVICE=cpu, a small
+# GPU_CHECK_CPU=1 runs steps 3-5, 7 and 8 on the CPU instead (TORCHRELAY_DEVICE=cpu, a small
 # "large" model, one bench pair, 100 MB for bench.xfer) and skips 2 and 6: a dry run of this
 # script without a GPU.
 #
@@ -94,6 +98,51 @@ source.close()
 EOF2
 }
 
+cuda_holder() {  # kill -> reaped, and -> the device's memory free, with and without the holder
+    TORCHRELAY_EXIT_HOLDER=1 timeout -k 5 300 "$py" - "$device" <<'EOF2'
+import os, signal, subprocess, sys, time
+import torch
+device = torch.device(sys.argv[1])
+child = """
+import os, signal, sys, time, torch
+from torchrelay.runtime import exit_holder
+device = torch.device(sys.argv[1])
+on_device = torch.ones(2**28, device=device)  # 1 GiB
+host = torch.ones(2**28)  # 1 GiB written
+if sys.argv[2] == "1":
+    assert exit_holder.start(device) is not None, "no exit holder"
+torch.cuda.synchronize() if device.type == "cuda" else None
+print(time.time(), flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+def free() -> int:
+    return torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else 0
+
+if device.type == "cuda":
+    torch.cuda.init()
+for hold in ("0", "1", "0", "1"):
+    before = free()
+    proc = subprocess.Popen([sys.executable, "-c", child, str(device), hold], stdout=subprocess.PIPE)
+    killed = float(proc.stdout.readline())
+    proc.wait()
+    reaped = time.time() - killed
+    deadline = time.monotonic() + 60
+    while device.type == "cuda" and free() < before - 2**26 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    released = time.time() - killed
+    back = free() >= before - 2**26
+    print(f"holder={hold}: kill -> reaped {reaped * 1e3:.1f} ms, -> device memory free "
+          f"{released * 1e3:.1f} ms ({'yes' if back else 'NOT FREED'})", flush=True)
+    if not back:
+        sys.exit(1)
+EOF2
+}
+
+holder_job() {  # job ... with the exit holder on, CUDA or not
+    TORCHRELAY_EXIT_HOLDER=1 job "$@"
+}
+
 job() {  # job NAME TORCHRELAY_DEVICE [RUN FLAGS...] -- [SCRIPT FLAGS...]: a train_gpt.py job
     local name=$1 dev=$2 rc flags=()
     shift 2
@@ -156,6 +205,10 @@ if [ "$cpu" = 1 ]; then
 else
     step "nccl job (one worker)" job nccl "" --nproc-per-node 1 --spares 0 -- "${small[@]}"
 fi
+step "exit holder ($device)" cuda_holder
+step "2 kills ($device, forked workers, exit holder)" holder_job kills_holder "$device" \
+    --nproc-per-node 2 --spares 1 "${kills[@]}" -- "${small[@]}"
+step "weights and recoveries, exit holder" compare clean kills_holder
 step "bench.stall on the CPUs" env TORCHRELAY_DEVICE=cpu timeout -k 10 300 \
     "$py" -m bench.stall --pairs "$pairs"
 step "bench.exit_floor on the CPUs" env TORCHRELAY_DEVICE=cpu timeout -k 10 180 \

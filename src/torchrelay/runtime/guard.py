@@ -118,15 +118,15 @@ class StepGuard:
             self._aborted = True
             if not self.poisoned:
                 self._reason = f"generation {generation} aborted by the controller"
-            pending = [p for p in self._pending.values() if not p.ended()]
-            self._pending.clear()
+            self._forget_ended()
+            pending, self._pending = list(self._pending.values()), {}
         for entry in pending:
             entry.settle(entry.future)
 
     def oldest_wait(self) -> float | None:
         """Seconds the oldest pending collective has waited (``None``: nothing pending)."""
         with self._lock:
-            self._pending = {k: p for k, p in self._pending.items() if not p.ended()}
+            self._forget_ended()
             started = min((p.started for p in self._pending.values()), default=None)
         return None if started is None else time.monotonic() - started
 
@@ -168,9 +168,7 @@ class StepGuard:
         with self._lock:
             if self._aborted:
                 return None
-            # Forget what ended (a chained collective's future says so, and holds its outputs
-            # until forgotten): the registry is the collectives in flight and no more.
-            self._pending = {k: p for k, p in self._pending.items() if not p.ended()}
+            self._forget_ended()
             self._next_id += 1
             self._pending[self._next_id] = _Pending(time.monotonic(), settle)
             return self._next_id
@@ -189,6 +187,12 @@ class StepGuard:
     def untrack(self, ticket: int) -> None:
         with self._lock:
             self._pending.pop(ticket, None)
+
+    def _forget_ended(self) -> None:
+        """Drop the collectives that ended (a chained collective's future says so, and holds
+        its outputs until dropped): the registry is the collectives in flight and no more.
+        Called with the lock held."""
+        self._pending = {k: p for k, p in self._pending.items() if not p.ended()}
 
 
 @dataclass
