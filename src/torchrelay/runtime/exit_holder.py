@@ -35,8 +35,6 @@ from __future__ import annotations
 import os
 import sys
 
-import torch
-
 from torchrelay.runtime import native
 
 SWITCH = "TORCHRELAY_EXIT_HOLDER"  # "1": start it (see the module doc)
@@ -44,7 +42,7 @@ SWITCH = "TORCHRELAY_EXIT_HOLDER"  # "1": start it (see the module doc)
 _holder: int | None = None
 
 
-def start(device: torch.device) -> int | None:
+def start() -> int | None:
     """Start this process's holder unless it has one or must not (module doc); its pid."""
     global _holder
     if _holder is not None:

@@ -386,7 +386,7 @@ def init(seed: int = 0) -> Relay:
     the exit holder (:mod:`torchrelay.runtime.exit_holder`), and returns the :class:`Relay`
     (on a spare at once: it waits for a slot in :meth:`Relay.steps`)."""
     relay = join(seed)
-    exit_holder.start(relay.device)
+    exit_holder.start()
     return relay
 
 
