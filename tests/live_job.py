@@ -27,7 +27,7 @@ class RecordingAgent:
     def start_spare(self) -> None:
         pass
 
-    def kill(self, process: str, signum: int = 9) -> None:
+    def kill(self, process: str, signum: int = 9, stacks: bool = False) -> None:
         self.signals.append((process, signum))
 
 

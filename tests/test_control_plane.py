@@ -41,7 +41,7 @@ class FakeAgent:
     def start_spare(self) -> None:
         self.spares_started += 1
 
-    def kill(self, process: str, signum: int = 9) -> None:
+    def kill(self, process: str, signum: int = 9, stacks: bool = False) -> None:
         self.fenced.append(process)
 
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from tests.conftest import require_built
 from tests.jobs import assert_bitwise_equal, run_job
 from torchrelay.chaos import random_schedule
+from torchrelay.stack_dump import END
 
 pytestmark = pytest.mark.slow
 STEPS = 10
@@ -119,6 +121,12 @@ def test_stalled_worker_that_still_heartbeats_is_fenced_and_replaced(tmp_path, r
     # Its heartbeats never stopped: only the step-progress rule could see it.
     (detected,) = [e for e in job.ledger() if e["event"] == "hang_detected"]
     assert detected["detection"] == "stall" and detected["silent_seconds"] < 2.0
+    # Fenced only once it had dumped its threads' stacks into its log: the training thread
+    # blocked in the injected stall, the heartbeat thread beside it.
+    log = (tmp_path / "logs" / f"{detected['process']}.log").read_bytes()
+    require_built()
+    assert log.endswith(END)
+    assert b"in _inject" in log and b"in _heartbeat" in log
 
 
 def test_collective_that_never_returns_is_cured_by_reforming_the_same_members(

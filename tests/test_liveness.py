@@ -27,7 +27,8 @@ def test_a_silent_worker_is_fenced_then_its_exit_is_a_heartbeat_failure(tmp_path
     actions = tick(driver)
     (hang,) = driver.events("hang_detected")
     assert hang["process"] == "worker1" and hang["detection"] == "heartbeat"
-    assert SignalLocal("worker1", signal.SIGKILL) in actions
+    # Its stacks are dumped into its log before the SIGKILL (torchrelay.stack_dump).
+    assert SignalLocal("worker1", signal.SIGKILL, stacks=True) in actions
     assert driver.job.members["worker1"].state is MemberState.FENCING
     assert tick(driver) == []  # fenced once
     driver.exit("worker1", -9)

@@ -14,7 +14,7 @@ from torchrelay.control.actions import (
     StartRecovery,
 )
 from torchrelay.control.errors import FencedError, IllegalTransition, ProtocolError
-from torchrelay.control.protocol import FinishNode, NodeHeartbeat, StartSpare
+from torchrelay.control.protocol import FinishNode, NodeHeartbeat, Signal, StartSpare
 from torchrelay.control.state import JobPhase, MemberState
 
 
@@ -109,6 +109,10 @@ def test_a_lost_node_fences_its_processes_and_fails_their_slots(tmp_path):
     driver.start(steps=2)
     driver.take(nodes.join_node(driver.job, "node1", driver.now))
     driver.job.members["worker1"].node = "node1"
+    # While it lives, its agent is told to fence with a stack dump first where asked.
+    assert nodes.signal(driver.job, "worker1", 9, stacks=True) == [
+        SendToNode("node1", Signal(process="worker1", signal=9, stacks=True))
+    ]
     actions = departures.node_lost(
         driver.job, driver.config, "node1", "gone", driver.now, driver.tails.get
     )

@@ -117,7 +117,7 @@ class _Agent:
     def start_spare(self) -> None:
         pass
 
-    def kill(self, process: str, signum: int = 9) -> None:
+    def kill(self, process: str, signum: int = 9, stacks: bool = False) -> None:
         pass
 
 

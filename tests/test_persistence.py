@@ -92,7 +92,7 @@ class _Agent:
     def start_spare(self) -> None:
         raise AssertionError("nothing may be acted on")
 
-    def kill(self, process: str, signum: int = signal.SIGKILL) -> None:
+    def kill(self, process: str, signum: int = signal.SIGKILL, stacks: bool = False) -> None:
         raise AssertionError("nothing may be acted on")
 
 

@@ -125,6 +125,7 @@ def test_the_wire_keeps_its_shape():
         "process": "w",
         "signal": 9,
     }
+    assert p.Signal(process="w", signal=9, stacks=True).to_wire()["stacks"] is True
     assert p.Chaos(fault="partition", seconds=5.0).to_wire() == {
         "type": "chaos",
         "fault": "partition",

@@ -59,6 +59,20 @@ def test_a_recovery_with_no_spare_coming_is_abandoned_naming_the_step_in_flight(
     assert outcome["reason"] == abandoned["reason"] and "step 4" in outcome["reason"]
 
 
+def test_a_survivor_that_never_halts_is_fenced_with_its_stacks_and_the_job_fails(tmp_path):
+    driver = Driver(tmp_path)
+    driver.start(steps=2)
+    wake = fail_worker1(driver)
+    assert SignalLocal("worker0", 9, stacks=True) not in driver.actions
+    driver.now = wake  # worker0 never reports its halt
+    assert driver.advance() is None
+    assert SignalLocal("worker0", 9, stacks=True) in driver.actions
+    outcome = driver.outcome()
+    assert outcome is not None and outcome["status"] == "failed"
+    assert "slot(s) [0] did not stop their step" in outcome["reason"]
+    assert "their logs end with their stacks" in outcome["reason"]
+
+
 def publish_plan(tmp_path) -> Driver:
     """worker1 fails; worker0 halts; the plan of generation 1 (spare0 for slot 1) is out."""
     driver = Driver(tmp_path)

@@ -22,7 +22,7 @@ class IdleAgent:
     def start_spare(self) -> None:
         raise AssertionError("a terminated job starts no spare")
 
-    def kill(self, process: str, signum: int = signal.SIGKILL) -> None:
+    def kill(self, process: str, signum: int = signal.SIGKILL, stacks: bool = False) -> None:
         raise AssertionError("a terminated job fences nobody")
 
 

@@ -14,6 +14,7 @@ worker started itself goes with it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import os
 import signal
@@ -26,7 +27,8 @@ from typing import IO, Any
 
 from torchrelay.agent.copying import Copying
 from torchrelay.agent.resume import checkpoint_environment
-from torchrelay.agent.spawn import await_group_end, signal_group, spawn
+from torchrelay.agent.spawn import ask_group_to_end, await_group_end, signal_group, spawn
+from torchrelay.agent.stack_dump import StackDumps
 from torchrelay.agent.template import ForkedProcess, NodeTemplate, TemplateUnavailable
 from torchrelay.config import JobConfig
 from torchrelay.health import quarantine
@@ -64,6 +66,7 @@ class NodeAgent(Copying):
         self._local_index: dict[str, int] = {}  # LOCAL_RANK (the GPU, on GPU nodes) by process
         self._stopping = False
         self._health: HealthPoller | None = None
+        self._stack_dumps = StackDumps()
         # Transparent mode: each process's park channel, the park it waits in, and the
         # originals of migrations under way (their death is the move, not a failure).
         self._parks: dict[str, Channel] = {}
@@ -272,6 +275,7 @@ class NodeAgent(Copying):
             for raw in iter(stream.readline, b""):
                 log.write(raw)
                 log.flush()
+                self._stack_dumps.read(process, raw)
                 if self.config.stream_output and not self._stdout_closed:
                     line = raw.decode(errors="replace").rstrip("\n")
                     with self._print_lock:
@@ -287,11 +291,15 @@ class NodeAgent(Copying):
         proc = self._procs.get(process)
         return None if proc is None else proc.pid
 
-    def kill(self, process: str, signum: int = signal.SIGKILL) -> None:
+    def kill(self, process: str, signum: int = signal.SIGKILL, stacks: bool = False) -> None:
         """Send ``signum`` to ``process`` (its process group) if it is still alive; the
-        default SIGKILL fences it (it works on stopped processes too)."""
+        default SIGKILL fences it (it works on stopped processes too). ``stacks``: once it
+        has written its stacks to its log (:mod:`torchrelay.agent.stack_dump`)."""
         proc = self._procs.get(process)
-        if proc is not None and proc.poll() is None:
+        if proc is not None and proc.poll() is None and stacks:
+            fence = functools.partial(self.kill, process, signum)
+            self._stack_dumps.fence_after_dump(process, proc.pid, fence)
+        elif proc is not None and proc.poll() is None:
             signal_group(proc.pid, signum)
             if signum == signal.SIGSTOP and self.config.transparent:
                 self.stop_worker(proc.pid)  # no handler forwards SIGSTOP
@@ -343,7 +351,8 @@ class NodeAgent(Copying):
         with self._lock:
             unjoined = [proc for name, proc in self._procs.items() if name not in joined]
         for proc in unjoined:
-            _ask_to_end(proc)
+            if proc.poll() is None:
+                ask_group_to_end(proc.pid)
 
     def stop_health(self) -> None:
         if self._health is not None:
@@ -356,7 +365,8 @@ class NodeAgent(Copying):
             self._stopping = True
             procs = list(self._procs.values())
         for proc in procs:
-            _ask_to_end(proc)
+            if proc.poll() is None:
+                ask_group_to_end(proc.pid)
         deadline = time.monotonic() + grace
         for proc in procs:
             try:
@@ -388,11 +398,3 @@ class NodeAgent(Copying):
             template, self._template = self._template, None
         if template is not None:
             template.close()
-
-
-def _ask_to_end(proc: subprocess.Popen[bytes] | ForkedProcess) -> None:
-    """SIGTERM ``proc``'s process group if it is still alive, and SIGCONT it: a stopped
-    process acts on the SIGTERM now."""
-    if proc.poll() is None:
-        signal_group(proc.pid, signal.SIGTERM)
-        signal_group(proc.pid, signal.SIGCONT)

@@ -167,7 +167,7 @@ class RemoteNode:
                 if isinstance(command, StartSpare):
                     self.agent.start_spare(command.avoid or ())
                 elif isinstance(command, Signal):
-                    self.agent.kill(command.process, command.signal)
+                    self.agent.kill(command.process, command.signal, bool(command.stacks))
                 elif isinstance(command, Chaos):
                     self._chaos(command)
                 elif isinstance(command, CopyProcess):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -71,6 +72,13 @@ def signal_group(pid: int, signum: int) -> None:
     group that no longer exists is not an error."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signum)
+
+
+def ask_group_to_end(pid: int) -> None:
+    """SIGTERM the process group led by ``pid``, and SIGCONT it: a stopped process acts on the
+    SIGTERM now."""
+    signal_group(pid, signal.SIGTERM)
+    signal_group(pid, signal.SIGCONT)
 
 
 def await_group_end(pid: int, timeout: float = GROUP_END_TIMEOUT_S) -> bool:

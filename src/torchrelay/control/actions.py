@@ -33,10 +33,12 @@ class SendToNode:
 
 @dataclass(frozen=True)
 class SignalLocal:
-    """Have the controller's own node agent send ``signum`` to ``process``."""
+    """Have the controller's own node agent send ``signum`` to ``process`` (``stacks``: once
+    it has dumped its stacks, see :mod:`torchrelay.stack_dump`)."""
 
     process: str
     signum: int
+    stacks: bool = False
 
 
 @dataclass(frozen=True)

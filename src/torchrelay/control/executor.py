@@ -45,7 +45,7 @@ class AgentHandle(Protocol):
 
     def start_spare(self) -> None: ...
 
-    def kill(self, process: str, signum: int = signal.SIGKILL) -> None: ...
+    def kill(self, process: str, signum: int = signal.SIGKILL, stacks: bool = False) -> None: ...
 
     def clone_replica(self, action: CloneReplica) -> Event:
         """Transparent mode: carry out ``action`` (blocks); the outcome as a ledger event."""
@@ -104,7 +104,7 @@ class Executor:
                     command = StartSpare(avoid=tuple(sorted(avoided)) or None)
                 self.node_outbox(action.node).put(command.to_wire())
             elif isinstance(action, SignalLocal):
-                self.agent.kill(action.process, action.signum)
+                self.agent.kill(action.process, action.signum, action.stacks)
             elif isinstance(action, StartLocalSpare):
                 self.agent.start_spare()
             elif isinstance(action, AskPool):

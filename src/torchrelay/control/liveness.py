@@ -87,7 +87,8 @@ def _check_workers(job: JobState, config: JobConfig, now: float) -> list[Action]
                     silent_seconds=now - member.last_seen,
                     timeout=job.hang_timeout,
                 )
-                actions += [Record(detected), *signal_process(job, member.process, signal.SIGKILL)]
+                fence = signal_process(job, member.process, signal.SIGKILL, stacks=True)
+                actions += [Record(detected), *fence]
     recovery = job.recovery
     quiet = not recovery.failed and recovery.current is None and recovery.reform is None
     if verdict.lost_collective is not None and quiet and len(watched) == len(job.assignments):

@@ -122,6 +122,8 @@ class Signal(Command):
     TAG: ClassVar[str] = "signal"
     process: str
     signal: int = at_least(1, "a signal number (an integer >= 1)")
+    # True: send it once the process has dumped its stacks (stack_dump); off the wire if not.
+    stacks: bool | None = optional()
 
 
 @dataclass(frozen=True, kw_only=True)

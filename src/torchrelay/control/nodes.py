@@ -30,13 +30,15 @@ def node_of(job: JobState, node: str) -> NodeEntry:
     return entry
 
 
-def signal(job: JobState, process: str, signum: int) -> list[Action]:
+def signal(job: JobState, process: str, signum: int, stacks: bool = False) -> list[Action]:
     """Have the agent of ``process``'s node send it ``signum`` (nothing if that node is lost:
-    nobody can reach the process, and its node's agent kills it when its lease runs out)."""
+    nobody can reach the process, and its node's agent kills it when its lease runs out).
+    ``stacks``: once the process has written its threads' stacks to its log (a fence for a
+    hang or a stall; :mod:`torchrelay.stack_dump`)."""
     member = job.members.get(process)
     node = member.node if member is not None else job.local_node
     if node is not None and node == job.local_node:
-        return [SignalLocal(process, signum)]
+        return [SignalLocal(process, signum, stacks)]
     if node in job.nodes and job.nodes[node].alive:
-        return [SendToNode(node, Signal(process=process, signal=signum))]
+        return [SendToNode(node, Signal(process=process, signal=signum, stacks=stacks or None))]
     return []

@@ -169,10 +169,13 @@ def _await_halt(
         current.halted = now
         actions += _publish_plan(job, config, current, now)
     elif now >= current.deadline:
+        # Their stacks (in their logs) say where they are stuck: fenced with a dump first.
+        for member in stuck:
+            actions += signal_process(job, member.process, signal.SIGKILL, stacks=True)
         actions += fail(
             job,
             f"survivor slot(s) {sorted(m.slot for m in stuck)} did not stop their step within "  # type: ignore[type-var]
-            f"{config.halt_timeout:.0f} s after the failure",
+            f"{config.halt_timeout:.0f} s after the failure (their logs end with their stacks)",
         )
     else:
         return current.deadline

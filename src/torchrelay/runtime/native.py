@@ -1,6 +1,6 @@
 """The worker runtime's compiled extension: where it is built, and how a process loads it.
 
-One module, ``native.cpp``, binds two things that need C++:
+One module, ``native.cpp``, binds three things that need C++:
 
 - the step guard's completion of a collective (``native_guard.cpp``; used by
   :mod:`torchrelay.runtime.guard`). DDP's all-reduces each completed through a Python callback
@@ -8,7 +8,9 @@ One module, ``native.cpp``, binds two things that need C++:
   (docs/benchmarks.md, "Steady state"); the compiled callback takes no GIL;
 - the exit holder (``exit_holder.cpp``; :mod:`torchrelay.runtime.exit_holder`), which no
   Python can do: a process that shares the worker's memory, so that the kernel reports a
-  killed worker before it has unmapped that memory.
+  killed worker before it has unmapped that memory;
+- the end line of a stack dump (``stack_dump.cpp``; :mod:`torchrelay.runtime.stack_dump`),
+  written from a signal handler, where no Python runs.
 
 Contract:
 
@@ -45,7 +47,9 @@ from types import ModuleType
 
 NAME = "torchrelay_native"
 _HERE = Path(__file__).parent
-SOURCES = tuple(_HERE / name for name in ("native.cpp", "native_guard.cpp", "exit_holder.cpp"))
+SOURCES = tuple(
+    _HERE / name for name in ("native.cpp", "native_guard.cpp", "exit_holder.cpp", "stack_dump.cpp")
+)
 HEADERS = (_HERE / "native.h",)
 SWITCH = "TORCHRELAY_NATIVE"  # "0": neither build nor load (the Python guard, no exit holder)
 

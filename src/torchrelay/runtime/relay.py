@@ -39,7 +39,7 @@ from torchrelay.chaos import ChaosEvent
 from torchrelay.control.client import ControlClient
 from torchrelay.control.endpoint import failover_for
 from torchrelay.control.protocol import JoinAnswer, MaxSteps, Message, Report
-from torchrelay.runtime import default_group, exit_holder
+from torchrelay.runtime import default_group, exit_holder, stack_dump
 from torchrelay.runtime.allocator import keep_freed_memory
 from torchrelay.runtime.chaos_inject import ChaosInjection
 from torchrelay.runtime.checkpoint import Checkpointer, resume_from_environ
@@ -195,8 +195,7 @@ class Relay(ControlLink, Recovery, ChaosInjection, Parking):
     def busy(self, reason: str) -> Iterator[None]:
         """Declare work that keeps this rank inside a step far longer than its usual step time
         (an evaluation, a checkpoint written by one rank), so that it is not taken for a stall
-        while its peers wait. Its heartbeats go on meanwhile: a silent process is still hung.
-        """
+        while its peers wait. Its heartbeats go on meanwhile: a silent process is still hung."""
         self._busy = reason
         try:
             yield
@@ -382,9 +381,9 @@ def init(seed: int = 0) -> Relay:
 
     Seeds every RNG identically on all ranks (so models are built identically), picks the
     device (``relay.device``: this process's GPU with NCCL when CUDA is available, else the CPU
-    with gloo; see :mod:`torchrelay.runtime.devices`), opens the stable process group, starts
-    the exit holder (:mod:`torchrelay.runtime.exit_holder`), and returns the :class:`Relay`
-    (on a spare at once: it waits for a slot in :meth:`Relay.steps`)."""
+    with gloo; :mod:`devices`), opens the stable process group, starts the exit holder
+    (:mod:`exit_holder`), has its stacks dumped before any fence (:mod:`stack_dump`), and
+    returns the :class:`Relay` (on a spare at once: it waits for a slot in :meth:`Relay.steps`)."""
     relay = join(seed)
     exit_holder.start()
     return relay
@@ -393,6 +392,7 @@ def init(seed: int = 0) -> Relay:
 def join(seed: int = 0) -> Relay:
     """:func:`init` without the exit holder: transparent mode's (CRIU cannot snapshot it)."""
     env = RelayEnv.from_environ()
+    stack_dump.register()
     failover = failover_for(env.state, env.token)
     client = ControlClient(env.control, env.token, env.process, failover=failover)
     joined = client.join(env.role, host_pid(), env.node, env.rank, device=env.local_rank)
