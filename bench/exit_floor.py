@@ -45,10 +45,9 @@ loss_fn(model, make_batch({model!r}, 0, 0)).backward()
 opt.step()
 """
 _HOLD = """
-import os
+import torch
 from torchrelay.runtime import exit_holder
-os.environ[exit_holder.SWITCH] = "1"
-assert exit_holder.start() is not None, "the runtime's C++ is not built"
+assert exit_holder.start(torch.device("cpu")) is not None, "the runtime's C++ is not built"
 """
 _RESIDENT = "import torch\nresident = torch.ones(int({gib} * 2**28))\n"
 VARIANTS = {
