@@ -59,3 +59,21 @@ def test_synchronous_get_behaves_like_a_queue():
     assert outbox.get(timeout=30) == {"type": "plan"}
     with pytest.raises(queue.Empty):
         outbox.get(timeout=0.01)
+
+
+def test_wait_drained_returns_once_the_stream_has_taken_every_message():
+    # The controller stops serving only once a node's stream took its finish (wait_all_gone).
+    outbox = Outbox()
+    outbox.put({"type": "finish"})
+    assert not outbox.wait_drained(timeout=0)
+    taken: list = []
+
+    async def stream() -> None:
+        taken.append(await outbox.next(timeout=30))
+
+    consumer = threading.Thread(target=lambda: asyncio.run(stream()))
+    consumer.start()
+    assert outbox.wait_drained(timeout=60)
+    consumer.join()
+    assert taken == [{"type": "finish"}]
+    assert Outbox().wait_drained(timeout=0)  # nothing put: drained at once

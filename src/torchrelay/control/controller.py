@@ -152,17 +152,21 @@ class Controller(Coordinator, PoolSide):
             return set(self.job.members)
 
     def wait_all_gone(self, timeout: float) -> bool:
-        """Wait until every process of the job exited and no spare is on its way: one that
-        was still starting when the job ended (its agent stops it, or it comes up and hears
-        so from this controller) must have its exit reported by its node's agent before the
-        controller stops serving."""
+        """Wait until every process of the job exited, no spare is on its way (its node's
+        agent must report its exit before the controller stops serving) and every live node's
+        stream has taken its ``finish`` (stopping sooner cuts the stream, and the node takes
+        the job for lost: seen under load once its slots had been drained)."""
 
         def gone() -> bool:
             job = self.job
             settled = not any(job.spares_launching.values())
             return settled and all(m.state in GONE for m in job.members.values())
 
-        return self.wait_until(gone, timeout)
+        if not self.wait_until(gone, timeout):
+            return False
+        with self._cond:
+            live = [self._executor.node_outbox(n) for n, e in self.job.nodes.items() if e.alive]
+        return all(outbox.wait_drained(timeout) for outbox in live)
 
     def wait_finished(self, timeout: float | None = None) -> dict[str, Any] | None:
         with self._cond:

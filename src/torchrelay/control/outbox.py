@@ -52,7 +52,7 @@ class Outbox:
         with self._ready:
             if not self._ready.wait_for(lambda: bool(self._items), timeout):
                 raise queue.Empty
-            return self._items.popleft()
+            return self._take()
 
     def get_nowait(self) -> dict[str, Any]:
         return self.get(timeout=0)
@@ -66,13 +66,25 @@ class Outbox:
         with self._ready:
             return not self._items
 
+    def wait_drained(self, timeout: float) -> bool:
+        """Wait until every message put so far has been taken; ``False`` after ``timeout``."""
+        with self._ready:
+            return self._ready.wait_for(lambda: not self._items, timeout)
+
+    def _take(self) -> dict[str, Any]:
+        """The oldest message (there is one); called with the lock held. Wakes
+        :meth:`wait_drained`."""
+        item = self._items.popleft()
+        self._ready.notify_all()
+        return item
+
     async def next(self, timeout: float | None = None) -> dict[str, Any] | None:
         """The oldest message, awaited on the running loop; None after ``timeout`` s (None:
         no limit) or a :meth:`nudge`. Cancellation (the stream closed) loses no message."""
         loop = asyncio.get_running_loop()
         with self._ready:
             if self._items:
-                return self._items.popleft()
+                return self._take()
             waiter = loop.create_future()
             entry = (loop, waiter)
             self._waiters.append(entry)
@@ -85,4 +97,4 @@ class Outbox:
             with self._ready:
                 self._waiters.remove(entry)
         with self._ready:
-            return self._items.popleft() if self._items else None
+            return self._take() if self._items else None
