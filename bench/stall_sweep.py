@@ -31,7 +31,7 @@ from bench.systems import TorchrelaySpare
 from bench.workload import RESIDENT_GIB
 from torchrelay.runtime.exit_holder import SWITCH
 
-SETTINGS = {"with the exit holder": "", "without (TORCHRELAY_EXIT_HOLDER=0)": "0"}
+SETTINGS = {"with the exit holder": "1", "without (TORCHRELAY_EXIT_HOLDER=0)": "0"}
 COLORS = {"with the exit holder": "tab:blue", "without (TORCHRELAY_EXIT_HOLDER=0)": "tab:red"}
 
 
@@ -50,7 +50,7 @@ def measure(sizes: list[float], pairs: int) -> list[dict]:
             for pair in range(pairs):
                 for name, switch in SETTINGS.items():
                     os.environ[SWITCH] = switch
-                    workdir = Path(tmp) / f"{gib}-{switch or 'on'}-{pair}"
+                    workdir = Path(tmp) / f"{gib}-{switch}-{pair}"
                     job = run_job(TorchrelaySpare(), scenario, config, pair, True, workdir)
                     if job.error:
                         raise SystemExit(f"{gib} GiB, {name}: {job.error}")

@@ -32,18 +32,6 @@ def job_pids(run_dir: Path) -> set[int]:
     return found
 
 
-def exit_holders(pids: set[int]) -> set[int]:
-    """Those of ``pids`` that are a process's exit holder (runtime.exit_holder)."""
-    holders = set()
-    for pid in pids:
-        try:
-            if Path(f"/proc/{pid}/comm").read_text().strip() == "torchrelay-hold":
-                holders.add(pid)
-        except OSError:  # it exited meanwhile
-            continue
-    return holders
-
-
 def await_gone(run_dirs: list[Path], timeout: float) -> float:
     """Seconds until no process of the jobs of ``run_dirs`` is left; fails after ``timeout``."""
     return _await_none(lambda: set().union(*(job_pids(d) for d in run_dirs)), timeout)
