@@ -73,13 +73,6 @@ def select_device(local_index: int) -> torch.device:
     return device
 
 
-def store_client(address: str, timeout: timedelta) -> dist.TCPStore:
-    """A connection of this process to the job's rendezvous store at ``address``
-    (``host:port``)."""
-    host, _, port = address.rpartition(":")
-    return dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
-
-
 def new_group(
     store: dist.Store, rank: int, size: int, timeout: timedelta, device: torch.device
 ) -> dist.ProcessGroup:

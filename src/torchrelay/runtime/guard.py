@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 from torch.futures import Future
@@ -23,8 +23,6 @@ from torchrelay.runtime import native
 
 # "0": collectives complete through the Python callback even where the extension is built.
 NATIVE_SWITCH = "TORCHRELAY_NATIVE_GUARD"
-
-T = TypeVar("T")
 
 # What an abort does with a pending collective, given its future (None: not started yet).
 Settle = Callable[["Future[Any] | None"], None]
@@ -133,62 +131,34 @@ class StepGuard:
         return None if started is None else time.monotonic() - started
 
     def wait_works(self, works: list[Any], after_each: Callable[[int], None]) -> None:
-        """Wait for point-to-point works (which have no futures in gloo) in order, calling
-        ``after_each(i)`` as each completes, unless the generation is aborted first (see
-        :meth:`call_unless_aborted`: the works are left to the group's timeout)."""
+        """Wait for point-to-point works (which have no futures in gloo) unless aborted first.
+
+        A daemon thread waits on them in order and calls ``after_each(i)`` as each completes;
+        if the generation is aborted, the caller is released with :class:`GenerationAborted`
+        and the thread is left to the group's timeout.
+        """
+        done = threading.Event()
+        errors: list[BaseException] = []
 
         def wait_all() -> None:
-            for index, work in enumerate(works):
-                work.wait()
-                after_each(index)
-
-        self.call_unless_aborted(wait_all, "during transfer")
-
-    def call_unless_aborted(
-        self, call: Callable[[], T], what: str, discard: Callable[[T], None] | None = None
-    ) -> T:
-        """``call()``'s result (or its error) unless the generation is aborted first: for
-        what cannot be interrupted (gloo's point-to-point waits, a communicator's rendezvous),
-        which would hold this rank for its whole timeout when a peer dies during it.
-
-        ``call`` runs on a daemon thread. An abort releases the caller at once with
-        :class:`GenerationAborted` (``what`` says during what) and leaves the thread to end by
-        itself, by ``call``'s own timeout; a result that comes too late, or together with the
-        abort, goes to ``discard``."""
-        lock = threading.Lock()
-        done = threading.Event()
-        outcome: list[tuple[bool, Any]] = []  # [(True, result)] or [(False, its error)]
-        abandoned = False
-
-        def run() -> None:
             try:
-                result: tuple[bool, Any] = (True, call())
-            except Exception as exc:  # handed to the caller, whatever gloo or NCCL raised
-                result = (False, exc)
-            with lock:
-                late = abandoned
-                if not late:
-                    outcome.append(result)
-            if late and result[0] and discard is not None:
-                discard(result[1])
+                for index, work in enumerate(works):
+                    work.wait()
+                    after_each(index)
+            except RuntimeError as exc:
+                errors.append(exc)
             done.set()
 
         ticket = self.track(lambda _future: done.set())
         if ticket is None:
-            raise GenerationAborted(f"generation {self.generation} aborted {what}")
-        threading.Thread(target=run, name="torchrelay-unless-aborted", daemon=True).start()
-        done.wait()  # set by run, or by an abort (which sets _aborted first)
+            raise GenerationAborted(f"generation {self.generation} aborted")
+        threading.Thread(target=wait_all, name="torchrelay-transfer-wait", daemon=True).start()
+        done.wait()
         self.untrack(ticket)
-        with lock:
-            abandoned = not outcome
         if self._aborted:
-            if outcome and outcome[0][0] and discard is not None:
-                discard(outcome[0][1])
-            raise GenerationAborted(f"generation {self.generation} aborted {what}")
-        ok, value = outcome[0]
-        if not ok:
-            raise value
-        return value
+            raise GenerationAborted(f"generation {self.generation} aborted during transfer")
+        if errors:
+            raise errors[0]
 
     def track(self, settle: Settle) -> int | None:
         """Register a pending collective; ``None`` means: already aborted, settle it now.

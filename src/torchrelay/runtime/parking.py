@@ -32,7 +32,6 @@ from torchrelay.control.endpoint import failover_for
 from torchrelay.control.protocol import Ready, Report
 from torchrelay.exits import EXIT_CONTROLLER_LOST, leave
 from torchrelay.runtime import default_group
-from torchrelay.runtime.devices import store_client
 from torchrelay.runtime.env import RelayEnv, host_pid
 from torchrelay.runtime.facade import StableProcessGroup
 from torchrelay.runtime.posting import Poster
@@ -100,7 +99,8 @@ class Parking:
             env.control, env.token, env.process, failover=failover_for(env.state, env.token)
         )
         self._client.on_failover = self._on_new_leader  # type: ignore[attr-defined]
-        self._store = store_client(store, self._timeout)
+        host, _, port = store.rpartition(":")
+        self._store = dist.TCPStore(host, int(port), is_master=False, timeout=self._timeout)
         self._store_address = store
         default_group.set_store(self.process_group, dist.PrefixStore("default_pg", self._store))
 

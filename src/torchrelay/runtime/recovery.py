@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import functools
 import os
 import queue
 import resource
@@ -41,7 +40,7 @@ from torchrelay.control.protocol import (
 )
 from torchrelay.control.wire import WireError, seal, unseal
 from torchrelay.progress import ByteProgress
-from torchrelay.runtime.devices import abort_group, new_group, store_client
+from torchrelay.runtime.devices import new_group
 from torchrelay.runtime.env import RelayEnv
 from torchrelay.runtime.guard import GenerationAborted
 from torchrelay.runtime.hosting import comm_layout
@@ -90,12 +89,10 @@ class Recovery:
         rank: int,
         members: tuple[int, ...] | None = None,
         hosted: dict[int, int] | None = None,
-        resuming: int | None = None,
     ) -> None:
         """Enter ``generation`` as ``rank``. ``members``: the ranks with a process of their
         own (default: all), in the order of the process group; ``hosted``: the others, each
-        mapped to its host's rank (``--elastic``, see :mod:`torchrelay.runtime.hosting`);
-        ``resuming``: the step a recovery resumes at (for chaos in its rendezvous)."""
+        mapped to its host's rank (``--elastic``, see :mod:`torchrelay.runtime.hosting`)."""
         members = tuple(range(self.world_size)) if members is None else members
         hosted = {} if hosted is None else hosted
         self.guard.enter_generation(generation)
@@ -105,24 +102,13 @@ class Recovery:
         os.environ["RANK"] = str(rank)
         if moved and self.on_slot is not None:
             self.on_slot(rank)
-        # A store connection of its own: gloo's rendezvous blocks the connection it waits on,
-        # and one abandoned there (below) must not block this process's other store calls.
-        own = store_client(self._store_address, self._timeout)
-        store = dist.PrefixStore(f"torchrelay/g{generation}", own)
-        build = functools.partial(
-            new_group, store, members.index(rank), len(members), self._timeout, self.device
-        )
+        store = dist.PrefixStore(f"torchrelay/g{generation}", self._store)
         if generation > 0:
-            # Gloo's own rendezvous cannot be interrupted, and a member that dies in it holds
-            # the others there for the whole timeout (a receiver that never halted failed a
-            # soak at the halt timeout). Meet on store keys first, so that a member already
-            # dead aborts the generation before it; one dying in it releases this rank too.
+            # Gloo's own rendezvous cannot be interrupted; meet on store keys first, so that a
+            # member dying now aborts this generation instead of stalling it for the timeout.
             store.set(f"ready/{rank}", "1")
             self._await_keys(store, [f"ready/{r}" for r in members])
-            self._maybe_fire("rendezvous", step=resuming)
-            inner = self.guard.call_unless_aborted(build, "in rendezvous", abort_group)
-        else:
-            inner = build()
+        inner = new_group(store, members.index(rank), len(members), self._timeout, self.device)
         previous = self.process_group.bind(inner, rank, generation)
         self.process_group.set_layout(comm_layout(self.world_size, members, hosted))
         if previous is not None:
@@ -335,11 +321,12 @@ class Recovery:
         self._chaos = kept + [e for e in handed if e not in kept]
         if plan.store is not None and plan.store != self._store_address:
             # A new leader serves the rendezvous store: the first one died with its host.
-            self._store = store_client(plan.store, self._timeout)
+            host, _, port = plan.store.rpartition(":")
+            self._store = dist.TCPStore(host, int(port), is_master=False, timeout=self._timeout)
             self._store_address = plan.store
         members = tuple(sorted(int(s) for s in plan.assignments))
         hosted = {int(v): host for v, host in (plan.hosted or {}).items()}
-        self._bind(generation, slot, members, hosted, resuming=target + 1)
+        self._bind(generation, slot, members, hosted)
         # The transfer runs among the group's members: slots -> their place in it.
         member = {s: i for i, s in enumerate(members)}
         sources = [member[s] for s in sources]
