@@ -65,12 +65,17 @@ class _Worker:
         os.killpg(self.proc.pid, signal.SIGKILL)
 
 
-@pytest.mark.timeout(120)
-def test_fence_waits_for_every_threads_stack_then_kills():
+def _registered() -> tuple[StackDumps, _Worker]:
     require_built()
     dumps = StackDumps()
     worker = _Worker(dumps, native=True)
     assert worker.first == b"registered\n"
+    return dumps, worker
+
+
+@pytest.mark.timeout(120)
+def test_fence_waits_for_every_threads_stack_then_kills():
+    dumps, worker = _registered()
     assert dumps_on_request(worker.proc.pid)
     dumps.fence_after_dump("w", worker.proc.pid, worker.fence)
     assert worker.proc.wait() == -signal.SIGKILL
@@ -96,10 +101,7 @@ def test_worker_without_the_extension_is_fenced_at_once():
 
 @pytest.mark.timeout(120)
 def test_stopped_worker_is_fenced_at_once():
-    require_built()
-    dumps = StackDumps()
-    worker = _Worker(dumps, native=True)
-    assert worker.first == b"registered\n"
+    dumps, worker = _registered()
     os.kill(worker.proc.pid, signal.SIGSTOP)
     _, status = os.waitpid(worker.proc.pid, os.WUNTRACED)
     assert os.WIFSTOPPED(status)
