@@ -60,6 +60,19 @@ def test_death_during_recovery_is_folded_into_one_recovery(tmp_path, reference_w
     assert events.count("recovery_superseded") == 1 and events.count("recovery_done") == 1
 
 
+def test_death_inside_the_communicators_rendezvous_releases_the_others(tmp_path, reference_weights):
+    # Rank 0 meets its peers on the store, then dies before it connects: they wait inside
+    # gloo's rendezvous, which nothing interrupts. It must let them go well before the halt
+    # timeout (else they never halt and the job fails there), and the next plan recovers.
+    chaos = ("kill:rank=1:step=4", "kill:rank=0:step=4:phase=rendezvous")
+    halt = ("--halt-timeout", "60")
+    job = run_job(tmp_path, spares=2, chaos=chaos, steps=STEPS, launcher_args=halt)
+    _assert_clean_recoveries(job, failures=2)
+    assert_bitwise_equal(job.weights(), reference_weights(STEPS))
+    events = [e["event"] for e in job.ledger()]
+    assert events.count("recovery_superseded") == 1 and events.count("recovery_done") == 1
+
+
 def test_losing_the_last_replica_stops_with_a_clear_reason(tmp_path):
     job = run_job(
         tmp_path,

@@ -63,3 +63,13 @@ def test_a_shared_gpu_is_reduced_over_gloo(monkeypatch) -> None:
     assert group.name() == "gloo"
     monkeypatch.setenv("TORCHRELAY_DEVICE", "cpu")
     assert new_group(dist.HashStore(), 0, 1, TIMEOUT, torch.device("cpu")).name() == "gloo"
+
+
+def test_a_bounded_rendezvous_gives_up_on_a_missing_member_and_keeps_the_collective_timeout():
+    """A peer that never connects (one that died inside gloo's rendezvous) holds the others
+    only ``connect_within``; the group that does form keeps ``timeout`` for its collectives."""
+    cpu = torch.device("cpu")
+    with pytest.raises(dist.DistStoreError, match=r"(?i)wait timeout"):
+        new_group(dist.HashStore(), 0, 2, TIMEOUT, cpu, datetime.timedelta(seconds=0.2))
+    group = new_group(dist.HashStore(), 0, 1, TIMEOUT, cpu, datetime.timedelta(seconds=0.2))
+    assert group.options._timeout == TIMEOUT

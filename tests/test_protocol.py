@@ -87,7 +87,9 @@ COMMANDS = [
 OTHERS = [
     p.JoinRequest(role="worker", pid=123, node="node0", slot=2),
     p.JoinRequest(role="spare", pid=124, node="node1", slot=None),
-    p.JoinAnswer(world_size=4, generation=0, chaos=(), collective_timeout=300.0),
+    p.JoinAnswer(
+        world_size=4, generation=0, chaos=(), collective_timeout=300.0, rendezvous_timeout=30.0
+    ),
     p.Lease(hang_timeout=12.5),
     p.NodeJoin(node="node1"),
     p.NodeJoinAnswer(world_size=4, node_timeout=30.0),

@@ -8,6 +8,8 @@ A spec is ``ACTION:key=value:key=value``. Supported now:
   flight, so its peers are mid-collective when it dies.
 - ``kill:rank=R:step=S:phase=transfer`` -- while it takes part (as source or receiver) in the
   state transfer of a recovery that resumes at step ``S``: a failure during recovery.
+- ``kill:rank=R:step=S:phase=rendezvous`` -- in that recovery, once it has met its peers on
+  the store and before it connects: they wait in the communicator's rendezvous for it.
 - ``hang:rank=R:step=S[:phase=...]`` -- SIGSTOP it instead: the process is alive but silent, its
   peers block in the collective; only hang detection can cure this.
 - ``freeze:rank=R:step=S[:phase=...]`` -- it enters a C call that holds the GIL for good: the
@@ -36,12 +38,12 @@ import math
 import random
 from dataclasses import asdict, dataclass
 
-PHASES = ("forward", "backward", "transfer")
+PHASES = ("forward", "backward", "transfer", "rendezvous")
 PROCESS_ACTIONS = ("kill", "hang", "freeze", "slow", "stall", "drop")
 NODE_ACTIONS = ("kill-node", "partition")
 ACTIONS = PROCESS_ACTIONS + NODE_ACTIONS
 USAGE = (
-    "expected kill|hang|freeze|stall:rank=R:step=S[:phase=forward|backward|transfer], "
+    "expected kill|hang|freeze|stall:rank=R:step=S[:phase=forward|backward|transfer|rendezvous], "
     "drop:rank=R:step=S, slow:rank=R:step=S:seconds=X, kill-node:node=N:step=S or "
     "partition:node=N:step=S:seconds=X; e.g. kill:rank=1:step=10"
 )

@@ -87,3 +87,11 @@ class JobConfig:
     @property
     def world_size(self) -> int:
         return self.nnodes * self.nproc_per_node
+
+    @property
+    def rendezvous_timeout(self) -> float:
+        """How long a recovery's communicator may take to connect once its members have met
+        on the store: a quarter of ``halt_timeout`` (at most ``collective_timeout``). Nothing
+        interrupts gloo's rendezvous, so a member dying inside it holds the others that long;
+        they must still be able to halt for the next plan within ``halt_timeout``."""
+        return min(self.collective_timeout, self.halt_timeout / 4)

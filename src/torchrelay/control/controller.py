@@ -254,6 +254,7 @@ class Controller(Coordinator, PoolSide):
                 generation=job.members[process].generation,
                 chaos=tuple(drills.chaos_for(job, request.slot)),
                 collective_timeout=self.config.collective_timeout,
+                rendezvous_timeout=self.config.rendezvous_timeout,
             )
 
     def watch(self, process: str) -> tuple[Outbox, Callable[[], bool]]:

@@ -84,12 +84,14 @@ class JoinRequest(Wire):
 
 @dataclass(frozen=True, kw_only=True)
 class JoinAnswer(Wire):
-    """What a process learns on joining: the job's size, its generation, its chaos events."""
+    """What a process learns on joining: the job's size, its generation, its chaos events,
+    and its timeouts (see :class:`torchrelay.config.JobConfig`)."""
 
     world_size: int = at_least(1, "a world size (an integer >= 1)")
     generation: int = at_least(-1, MEMBER_GENERATION)
     chaos: tuple[dict[str, Any], ...] = ()
     collective_timeout: float = at_least(0.0, "a timeout in seconds (>= 0)")
+    rendezvous_timeout: float = at_least(0.0, "a timeout in seconds (>= 0)")
 
 
 @dataclass(frozen=True, kw_only=True)

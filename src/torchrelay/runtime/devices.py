@@ -74,15 +74,27 @@ def select_device(local_index: int) -> torch.device:
 
 
 def new_group(
-    store: dist.Store, rank: int, size: int, timeout: timedelta, device: torch.device
+    store: dist.Store,
+    rank: int,
+    size: int,
+    timeout: timedelta,
+    device: torch.device,
+    connect_within: timedelta | None = None,
 ) -> dist.ProcessGroup:
     """A generation's communicator over ``store`` (already prefixed with the generation):
     NCCL for a GPU of its own, gloo on the CPU or on a shared GPU (with its pair sockets
-    found, so that :func:`abort_group` can cut them: :mod:`gloo_cut`)."""
+    found, so that :func:`abort_group` can cut them: :mod:`gloo_cut`).
+
+    ``timeout`` bounds its collectives. Gloo's rendezvous (the store waits for the peers'
+    addresses, then the connections) is bounded by ``connect_within`` if shorter: nothing can
+    interrupt it, so a member that dies inside it holds the others that long, after which
+    they raise (``DistStoreError`` or gloo's connect timeout). NCCL's keeps ``timeout``."""
     if device.type != "cuda" or shared_gpu() is not None:
+        connect = timeout if connect_within is None else min(timeout, connect_within)
         group, sockets = capture(
-            lambda: dist.ProcessGroupGloo(store, rank, size, timeout), store, rank, size
+            lambda: dist.ProcessGroupGloo(store, rank, size, connect), store, rank, size
         )
+        group.set_timeout(timeout)
         with _cuttable_lock:
             _cuttable[id(group)] = (group, sockets)
         return group

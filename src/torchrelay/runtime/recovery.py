@@ -72,6 +72,7 @@ class Recovery:
     _waiting_lock: threading.RLock
     _handover_at: tuple[int, int] | None
     _timeout: datetime.timedelta
+    _connect_within: datetime.timedelta  # a recovery's rendezvous (JobConfig.rendezvous_timeout)
     _chaos: list[ChaosEvent]
     _first_after_recovery: bool
     _state_valid: bool
@@ -89,10 +90,12 @@ class Recovery:
         rank: int,
         members: tuple[int, ...] | None = None,
         hosted: dict[int, int] | None = None,
+        resuming: int | None = None,
     ) -> None:
         """Enter ``generation`` as ``rank``. ``members``: the ranks with a process of their
         own (default: all), in the order of the process group; ``hosted``: the others, each
-        mapped to its host's rank (``--elastic``, see :mod:`torchrelay.runtime.hosting`)."""
+        mapped to its host's rank (``--elastic``, see :mod:`torchrelay.runtime.hosting`);
+        ``resuming``: the step a recovery resumes at (for chaos in its rendezvous)."""
         members = tuple(range(self.world_size)) if members is None else members
         hosted = {} if hosted is None else hosted
         self.guard.enter_generation(generation)
@@ -103,12 +106,19 @@ class Recovery:
         if moved and self.on_slot is not None:
             self.on_slot(rank)
         store = dist.PrefixStore(f"torchrelay/g{generation}", self._store)
+        connect_within = None
         if generation > 0:
             # Gloo's own rendezvous cannot be interrupted; meet on store keys first, so that a
             # member dying now aborts this generation instead of stalling it for the timeout.
+            # One dying inside the rendezvous still holds the others there: bound it so that
+            # they raise (and halt for the next plan) well within the halt timeout.
             store.set(f"ready/{rank}", "1")
             self._await_keys(store, [f"ready/{r}" for r in members])
-        inner = new_group(store, members.index(rank), len(members), self._timeout, self.device)
+            self._maybe_fire("rendezvous", step=resuming)
+            connect_within = self._connect_within
+        inner = new_group(
+            store, members.index(rank), len(members), self._timeout, self.device, connect_within
+        )
         previous = self.process_group.bind(inner, rank, generation)
         self.process_group.set_layout(comm_layout(self.world_size, members, hosted))
         if previous is not None:
@@ -326,7 +336,7 @@ class Recovery:
             self._store_address = plan.store
         members = tuple(sorted(int(s) for s in plan.assignments))
         hosted = {int(v): host for v, host in (plan.hosted or {}).items()}
-        self._bind(generation, slot, members, hosted)
+        self._bind(generation, slot, members, hosted, resuming=target + 1)
         # The transfer runs among the group's members: slots -> their place in it.
         member = {s: i for i, s in enumerate(members)}
         sources = [member[s] for s in sources]

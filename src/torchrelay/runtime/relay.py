@@ -88,6 +88,7 @@ class Relay(ControlLink, Recovery, ChaosInjection, Parking):
         self._agreement = AgreementCheck()
         self._client = client
         self._timeout = datetime.timedelta(seconds=joined.collective_timeout)
+        self._connect_within = datetime.timedelta(seconds=joined.rendezvous_timeout)
         self._store_address = f"{env.master_addr}:{env.master_port}"
         self._store = dist.TCPStore(
             env.master_addr, env.master_port, is_master=False, timeout=self._timeout
