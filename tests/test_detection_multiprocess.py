@@ -73,6 +73,17 @@ def test_death_inside_the_communicators_rendezvous_releases_the_others(tmp_path,
     assert events.count("recovery_superseded") == 1 and events.count("recovery_done") == 1
 
 
+def test_a_loss_during_set_up_stops_the_job_at_once_naming_it(tmp_path):
+    # Rank 1 dies after init(), before DDP's constructor has synchronised the model: the
+    # others' set-up collective fails with it, and nothing can rebuild a rank that was never
+    # set up. The job must say so, not blame the survivors' errors on the script.
+    job = run_job(tmp_path, spares=1, steps=STEPS, script_args=("--die-in-setup", "1"))
+    assert job.returncode == 1
+    end = [e for e in job.ledger() if e["event"] == "job_end"][-1]
+    assert end["reason"].startswith("rank 1 (worker1) was lost (SIGKILL) before any step")
+    assert "a bug in the script" not in end["reason"]
+
+
 def test_losing_the_last_replica_stops_with_a_clear_reason(tmp_path):
     job = run_job(
         tmp_path,

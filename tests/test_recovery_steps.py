@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.fsm import Driver
 from torchrelay.control.actions import SignalLocal, StartLocalSpare
 from torchrelay.control.state import JobPhase, MemberState, RecoveryStep
@@ -59,9 +61,12 @@ def test_a_recovery_with_no_spare_coming_is_abandoned_naming_the_step_in_flight(
     assert outcome["reason"] == abandoned["reason"] and "step 4" in outcome["reason"]
 
 
-def test_a_survivor_that_never_halts_is_fenced_with_its_stacks_and_the_job_fails(tmp_path):
+@pytest.mark.parametrize("committed", [2, -1], ids=["training", "setting-up"])
+def test_a_survivor_that_never_halts_is_fenced_with_its_stacks_and_the_job_fails(
+    tmp_path, committed
+):
     driver = Driver(tmp_path)
-    driver.start(steps=2)
+    driver.start(steps=committed)
     wake = fail_worker1(driver)
     assert SignalLocal("worker0", 9, stacks=True) not in driver.actions
     driver.now = wake  # worker0 never reports its halt
@@ -71,6 +76,21 @@ def test_a_survivor_that_never_halts_is_fenced_with_its_stacks_and_the_job_fails
     assert outcome is not None and outcome["status"] == "failed"
     assert "slot(s) [0] did not stop their step" in outcome["reason"]
     assert "their logs end with their stacks" in outcome["reason"]
+    # Before any commit, survivors that cannot halt were most likely setting up.
+    assert ("still setting up" in outcome["reason"]) == (committed < 0)
+
+
+def test_a_script_failure_after_a_loss_in_set_up_names_the_loss(tmp_path):
+    driver = Driver(tmp_path)
+    driver.start(steps=-1)
+    fail_worker1(driver)
+    driver.exit("worker0", 1)  # its set-up collective failed with worker1
+    driver.advance()
+    outcome = driver.outcome()
+    assert outcome is not None and outcome["status"] == "failed"
+    assert outcome["reason"].startswith("rank 1 (worker1) was lost (")
+    assert "rank 0 (worker0) then failed in its set-up" in outcome["reason"]
+    assert "a bug in the script" not in outcome["reason"]
 
 
 def publish_plan(tmp_path) -> Driver:

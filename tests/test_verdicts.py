@@ -11,6 +11,7 @@ from torchrelay.control.verdicts import (
     finish_verdict,
     first_step_bug_reason,
     last_traceback,
+    lost_in_setup,
     missing_spares,
     never_joined,
     no_spare_reason,
@@ -88,6 +89,16 @@ def test_script_failures_before_the_first_commit_are_bugs_not_hardware():
     assert not fails_before_first_step("signal", -1)
     assert not fails_before_first_step("stall", -1)
     assert not fails_before_first_step("exception", 0)
+
+
+def test_a_script_failure_after_a_hardware_loss_in_set_up_blames_the_loss():
+    killed = {"slot": 1, "process": "worker1", "cause": "SIGKILL", "kind": "signal", "t": 2.0}
+    raised = {"slot": 2, "process": "worker2", "cause": "exit code 1", "kind": "exit", "t": 1.0}
+    assert lost_in_setup({2: raised}) is None
+    assert lost_in_setup({1: killed, 2: raised}) == killed
+    reason = first_step_bug_reason(2, "worker2", 0, "exit code 1", killed)
+    assert reason.startswith("rank 1 (worker1) was lost (SIGKILL)") and "\n" not in reason
+    assert "a bug in the script" not in reason
 
 
 def test_the_step_in_flight_is_the_one_after_the_last_commit():

@@ -2,6 +2,8 @@
 
 import argparse
 import contextlib
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -23,6 +25,7 @@ parser.add_argument("--eval-step", type=int, default=-1)
 parser.add_argument("--eval-seconds", type=float, default=0.0)
 parser.add_argument("--eval-declared", type=int, default=1, help="inside relay.busy(...)")
 parser.add_argument("--before-init", choices=["raise", "exit"], help="fail before init()")
+parser.add_argument("--die-in-setup", type=int, default=-1, help="SIGKILL this rank after init()")
 parser.add_argument("--track-inner", action="store_true", help="track(model=ddp.module)")
 parser.add_argument("--fail-saving", action="store_true", help="rank 0 raises after the loop")
 parser.add_argument("--print-steps", action="store_true", help="a line per committed step")
@@ -49,6 +52,8 @@ def held(step: int) -> bool:
 
 
 relay = torchrelay.init(seed=7)
+if relay.rank == args.die_in_setup:  # lost between init() and DDP's set-up broadcast
+    os.kill(os.getpid(), signal.SIGKILL)
 net = torch.nn.Sequential(
     torch.nn.Linear(16, 64), torch.nn.GELU(), torch.nn.Dropout(0.1), torch.nn.Linear(64, 4)
 ).to(relay.device)

@@ -38,6 +38,7 @@ from torchrelay.control.verdicts import (
     fails_before_first_step,
     finish_verdict,
     first_step_bug_reason,
+    lost_in_setup,
     never_joined,
     spare_node,
     step_in_flight,
@@ -190,9 +191,10 @@ def _worker_lost(
     failure["step"] = step
     actions: list[Action] = [Record(events.Failure(**failure))]
     if fails_before_first_step(kind, job.highest_committed):
+        lost = lost_in_setup(job.recovery.failed)
         return actions + fail(
             job,
-            first_step_bug_reason(member.slot, member.process, step, cause),
+            first_step_bug_reason(member.slot, member.process, step, cause, lost),
             traceback=failure.get("traceback") or output_tail(member.process) or None,
         )
     if kind in ("exception", "exit", "stall"):

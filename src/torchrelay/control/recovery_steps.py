@@ -172,11 +172,16 @@ def _await_halt(
         # Their stacks (in their logs) say where they are stuck: fenced with a dump first.
         for member in stuck:
             actions += signal_process(job, member.process, signal.SIGKILL, stacks=True)
-        actions += fail(
-            job,
+        reason = (
             f"survivor slot(s) {sorted(m.slot for m in stuck)} did not stop their step within "  # type: ignore[type-var]
-            f"{config.halt_timeout:.0f} s after the failure (their logs end with their stacks)",
+            f"{config.halt_timeout:.0f} s after the failure (their logs end with their stacks)"
         )
+        if job.highest_committed < 0:
+            reason += (
+                "; nothing was committed yet, so they were most likely still setting up (in "
+                "torchrelay.init() or DDP's constructor), where a lost process cannot be replaced"
+            )
+        actions += fail(job, reason)
     else:
         return current.deadline
     return None

@@ -10,7 +10,8 @@ The rules, in short:
 - a worker that exits before it joins the job, or whose script fails (an exception, an exit)
   before any step was committed, is a bug in the script or its environment: every rank would
   fail the same way, so the job stops at once instead of retrying (:func:`never_joined`,
-  :func:`fails_before_first_step`);
+  :func:`fails_before_first_step`); after a hardware-like loss it is that loss's consequence,
+  and the reason names the loss (:func:`lost_in_setup`);
 - a job has *succeeded* only when every slot's process has exited with status 0 after its last
   step; anything else after the training loop is a failure (:func:`finish_verdict`);
 - a recovery that needs more spares than are ready, starting or being launched will never get
@@ -127,8 +128,27 @@ def fails_before_first_step(kind: str, highest_committed: int) -> bool:
     return kind in ("exception", "exit") and highest_committed < 0
 
 
-def first_step_bug_reason(slot: int, process: str, step: int, cause: str) -> str:
-    """Why a script failure before any commit stopped the job (see above)."""
+def lost_in_setup(failed: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
+    """Of the failures a recovery is handling (by slot), the first that looks like hardware
+    (a signal, a self-fence): a script failure that follows it before any commit is its
+    consequence, not a bug (the others' set-up collectives fail with the lost process)."""
+    hardware = [f for f in failed.values() if f.get("kind") in ("signal", "fenced")]
+    return min(hardware, key=lambda f: f["t"]) if hardware else None
+
+
+def first_step_bug_reason(
+    slot: int, process: str, step: int, cause: str, lost: dict[str, Any] | None = None
+) -> str:
+    """Why a script failure before any commit stopped the job (see above); ``lost``: the
+    earlier loss it followed (:func:`lost_in_setup`), which is then named as the cause."""
+    if lost is not None:
+        return (
+            f"rank {lost['slot']} ({lost['process']}) was lost ({lost['cause']}) before any "
+            f"step was committed, and rank {slot} ({process}) then failed in its set-up "
+            f"({cause}): a process lost while the job sets up (before its first step) cannot "
+            "be replaced, since the others' set-up collectives fail with it; nothing was "
+            "committed, so run the job again"
+        )
     return (
         f"rank {slot} ({process}) failed in step {step} ({cause}) before any step was "
         "committed: a bug in the script, not a hardware failure (every rank would fail the "
