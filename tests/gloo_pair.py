@@ -41,6 +41,7 @@ def join_pair(rank: int, port: int) -> Member:
     facade = StableProcessGroup(2, guard)
     facade.bind(inner, rank, generation=0)
     guard.enter_generation(0)
+    guard.begin_step()  # in a step, as training is (set-up's collectives fail differently)
     return Member(store, inner, guard, facade)
 
 

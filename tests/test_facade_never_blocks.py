@@ -19,11 +19,13 @@ def test_local_mode_answers_collectives_without_peers():
     assert t.item() == 3.0 and all(o.item() == 3.0 for o in outs[0])
 
 
-def _bound(pg, rank):
+def _bound(pg, rank, setting_up=False):
     guard = StepGuard()
     facade = StableProcessGroup(2, guard)
     facade.bind(pg, rank, generation=0)
     guard.enter_generation(0)
+    if not setting_up:
+        guard.begin_step()
     return facade, guard
 
 
@@ -116,3 +118,48 @@ def test_facade_is_accepted_by_ddp_in_local_mode():
     facade = StableProcessGroup(3, StepGuard())
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(3, 3), process_group=facade)
     assert isinstance(model.process_group, dist.ProcessGroup)
+
+
+def test_a_set_up_collective_the_abort_ends_is_answered_locally(ranks):
+    """A peer lost while the job sets up (it never joins the all-gather): the abort answers
+    the collective as a spare's would, and so are the set-up's collectives after it."""
+
+    def body(rank, pg):
+        facade, guard = _bound(pg, rank, setting_up=True)
+        if rank == 1:
+            return None
+        outs = [[torch.zeros(2) for _ in range(2)]]
+        work = facade.allgather(outs, [torch.tensor([7.0, 8.0])])
+        guard.abort(0)
+        work.wait()
+        t = torch.tensor([5.0])
+        facade.broadcast([t], dist.BroadcastOptions()).wait()
+        return [o.tolist() for o in outs[0]], t.item()
+
+    assert ranks(2, body, timeout=5.0)[0] == ([[7.0, 8.0], [7.0, 8.0]], 5.0)
+
+
+def test_a_set_up_collective_that_fails_waits_for_the_abort(ranks):
+    """Its failure (gloo's, before the controller's abort comes) releases nothing: the work
+    completes only once the abort answers it locally, its tensor as it was."""
+    failed = threading.Event()
+
+    def body(rank, pg):
+        facade, guard = _bound(pg, rank, setting_up=True)
+        if rank == 1:
+            # A size mismatch makes gloo fail the work on rank 0's side.
+            pg.allreduce([torch.ones(1)]).wait()
+            failed.wait(10)
+            return None
+        t = torch.ones(3)
+        work = facade.allreduce([t])
+        done = threading.Thread(target=work.wait, daemon=True)
+        done.start()
+        done.join(0.5)
+        pending = done.is_alive()
+        failed.set()
+        guard.abort(0)
+        work.wait()
+        return pending, t.tolist()
+
+    assert ranks(2, body, timeout=5.0)[0] == (True, [1.0, 1.0, 1.0])

@@ -21,6 +21,15 @@ def test_target_is_highest_committed_and_laggards_receive():
     assert plan.lost_steps == 0
 
 
+def test_before_any_commit_the_lowest_survivor_is_the_only_source():
+    # The set-up's state: DDP's first broadcast would have made it rank 0's everywhere.
+    plan = plan_recovery(
+        0, {0: "a", 1: "b", 2: "c"}, {0: Spare("s", "n")}, {1: -1, 2: -1}, highest_committed=-1
+    )
+    assert plan.target_step == -1
+    assert plan.sources == (1,) and plan.receivers == (0, 2)
+
+
 def test_dead_rank_ahead_of_survivors_shows_as_lost_steps():
     plan = plan_recovery(0, {0: "a", 1: "b"}, {1: Spare("s", "n")}, {0: 10}, highest_committed=11)
     assert plan.target_step == 10

@@ -8,8 +8,9 @@ A spec is ``ACTION:key=value:key=value``. Supported now:
   flight, so its peers are mid-collective when it dies.
 - ``kill:rank=R:step=S:phase=transfer`` -- while it takes part (as source or receiver) in the
   state transfer of a recovery that resumes at step ``S``: a failure during recovery.
-- ``kill:rank=R:step=S:phase=rendezvous`` -- in that recovery, once it has met its peers on
-  the store and before it connects: they wait in the communicator's rendezvous for it.
+- ``kill:rank=R:step=S:phase=rendezvous`` -- in that recovery (for ``S`` = 0, also in the
+  job's first generation), once it has met its peers on the store and before it connects:
+  they wait in the communicator's rendezvous for it.
 - ``hang:rank=R:step=S[:phase=...]`` -- SIGSTOP it instead: the process is alive but silent, its
   peers block in the collective; only hang detection can cure this.
 - ``freeze:rank=R:step=S[:phase=...]`` -- it enters a C call that holds the GIL for good: the

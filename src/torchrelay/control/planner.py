@@ -87,6 +87,7 @@ def plan_recovery(
     highest step any rank ever reported committed, so a dead rank that was ahead would show up
     as lost steps instead of being silently dropped. Slots in ``invalid`` hold no usable state
     (a receiver interrupted mid-transfer, a spare that never received): they always receive.
+    Before any commit (a target of -1) the lowest survivor is the only source.
     """
     survivors = {
         slot: step
@@ -102,6 +103,11 @@ def plan_recovery(
     target = max(survivors.values())
     sources = tuple(sorted(slot for slot, step in survivors.items() if step == target))
     laggards = tuple(sorted(slot for slot, step in survivors.items() if step < target))
+    if target < 0:
+        # Nothing committed: the state is the set-up's, which DDP's first broadcast makes
+        # equal, and which a set-up collective the failure aborted left each survivor's own
+        # (runtime.facade): one source, as that broadcast would have been.
+        sources, laggards = sources[:1], sources[1:]
     new_assignments = dict(assignments)
     for slot, spare in replacements.items():
         new_assignments[slot] = spare.process

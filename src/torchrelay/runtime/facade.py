@@ -23,6 +23,10 @@ collectives run on the current generation's inner group, with three guarantees:
   local value, an all-gather replicates it). This serves the setup of a spare (DDP's initial
   parameter broadcast and shape check). Every tracked tensor is overwritten by the state
   transfer; untracked state built during setup keeps the spare's local values.
+- **set-up** of a worker (before its first step): a collective runs on private copies, and
+  one that the controller's abort ends (a peer lost while the job sets up) is answered
+  locally, as a spare's are, so that DDP's constructor completes; the worker then recovers
+  at its first step like any survivor. A failure before the abort arrives waits for it.
 """
 
 from __future__ import annotations
@@ -31,7 +35,6 @@ import contextlib
 import functools
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -45,16 +48,10 @@ from torch._C._distributed_c10d import (
 )
 from torch.futures import Future
 
-from torchrelay.exits import EXIT_COMMUNICATOR_STUCK, leave
+from torchrelay.runtime.collective import Collective, Launch, completed, in_place
 from torchrelay.runtime.devices import abort_group, cuttable
 from torchrelay.runtime.guard import StepGuard
 from torchrelay.runtime.hosting import Contributions
-
-# Starts a collective on a communicator, writing into the given tensors.
-Launch = Callable[[dist.ProcessGroup, list[torch.Tensor]], dist.Work]
-# A cut ends a gloo work in about a millisecond (gloo_cut), except a send whose write was left
-# partial (see _await_end), which only gloo's own timeout ends: past this, this process leaves.
-CUT_GRACE_S = 2.0
 
 
 def launch_options(opts: Any) -> Any:
@@ -75,12 +72,6 @@ def launch_options(opts: Any) -> Any:
 @functools.cache
 def _option_fields(kind: type) -> tuple[str, ...]:
     return tuple(name for name in dir(kind) if not name.startswith("_") and name != "asyncOp")
-
-
-def _completed(value: Any) -> dist.Work:
-    future: Future[Any] = Future()
-    future.set_result(value)
-    return _create_work_from_future(future)
 
 
 class StableProcessGroup(dist.ProcessGroup):
@@ -185,7 +176,7 @@ class StableProcessGroup(dist.ProcessGroup):
         opts = launch_options(opts if opts is not None else AllreduceOptions())
         if self.contributions.recording:
             self.contributions.keep(tensors, opts.reduceOp)
-            return _completed(tensors)
+            return completed(tensors)
         if not self.is_local:
             self.contributions.combine(tensors, opts.reduceOp)
         work = self._run(tensors, lambda pg, out: pg.allreduce(out, opts), lambda: None, plain=True)
@@ -248,22 +239,32 @@ class StableProcessGroup(dist.ProcessGroup):
     ) -> dist.Work:
         result = outputs if result is None else result
         inner = self._inner
-        if inner is None or self.is_local:
+        setting_up = self._guard.setting_up
+        if inner is None or self.is_local or (setting_up and self._guard.aborted):
             local()
-            return _completed(result)
+            return completed(result)
         if self._guard.poisoned or self._guard.aborted:
-            return _completed(result)
+            return completed(result)
         # In place where an abort ends the inner work for good (a cut gloo group), else on
         # private copies that a dead generation may go on writing into.
-        call = _Collective(outputs, launch, result, expand, plain)
+        call = Collective(outputs, launch, result, expand, plain)
+        if setting_up:
+            return self._on_copies(inner, call, local)
         if cuttable(inner) and not self._silenced:
             cut = functools.partial(self.abort, self._generation)
-            return _in_place(self._guard, inner, cut, call)
+            return in_place(self._guard, inner, cut, call)
         return self._on_copies(inner, call)
 
-    def _on_copies(self, inner: dist.ProcessGroup, call: _Collective) -> dist.Work:
+    def _on_copies(
+        self,
+        inner: dist.ProcessGroup,
+        call: Collective,
+        in_setup: Callable[[], None] | None = None,
+    ) -> dist.Work:
         """The collective on private copies, copied back only if it succeeds; an abort (or a
-        silenced communicator's) releases the caller at once and abandons the copies."""
+        silenced communicator's) releases the caller at once and abandons the copies.
+        ``in_setup``: the local answer of a set-up collective (see the module doc), given on an
+        abort instead of poisoning the step; its failures wait for the abort."""
         outputs, result, expand = call.outputs, call.result, call.expand
         scratch = [t.detach().clone() for t in outputs]
         future: Future[Any] = Future()
@@ -278,9 +279,18 @@ class StableProcessGroup(dist.ProcessGroup):
                     expand(scratch)
                 for target, value in zip(outputs, scratch, strict=True):
                     target.copy_(value)
+            elif in_setup is not None:
+                in_setup()
             else:
                 guard.poison(error or "collective aborted")
             future.set_result(result)
+
+        def failed(reason: str) -> None:
+            # In set-up, a peer's loss fails the work before the controller's abort comes:
+            # that abort (still tracked) settles it, with the local answer.
+            if in_setup is None:
+                guard.untrack(ticket)
+                settle(False, reason)
 
         ticket = guard.track(lambda _future: settle(False, "generation aborted"))
         if ticket is None:
@@ -291,109 +301,17 @@ class StableProcessGroup(dist.ProcessGroup):
         try:
             work = call.launch(inner, scratch)
         except RuntimeError as exc:
-            guard.untrack(ticket)
-            settle(False, f"collective failed to start: {exc}")
+            failed(f"collective failed to start: {exc}")
             return _create_work_from_future(future)
 
         def on_done(inner_future: Future[Any]) -> None:
-            guard.untrack(ticket)
             try:
                 inner_future.wait()
             except RuntimeError as exc:
-                settle(False, f"collective failed: {exc}")
+                failed(f"collective failed: {exc}")
                 return
+            guard.untrack(ticket)
             settle(True)
 
         work.get_future().add_done_callback(on_done)
         return _create_work_from_future(future)
-
-
-@dataclass(frozen=True)
-class _Collective:
-    """One collective call: the tensors it writes, how to start it on a communicator, what
-    its future holds, and what to do with the outputs once it succeeded (``None``: nothing).
-    ``plain``: its future holds its outputs and nothing follows it (an all-reduce, a
-    broadcast), so the compiled guard can complete it."""
-
-    outputs: list[torch.Tensor]
-    launch: Launch
-    result: Any
-    expand: Callable[[list[torch.Tensor]], None] | None
-    plain: bool = False
-
-
-def _in_place(
-    guard: StepGuard, inner: dist.ProcessGroup, cut: Callable[[], None], call: _Collective
-) -> dist.Work:
-    """The collective in the caller's own tensors, on ``inner``, a group that ``cut`` cuts
-    (:meth:`StableProcessGroup.abort` of the generation it runs in; a group replaced since
-    was cut when it was). What an abort runs does not hold ``inner``: the guard keeps a
-    finished collective's entry until the next one starts, and parking must be able to close
-    the group's sockets by dropping it.
-
-    The caller's future is the inner work's, chained so that a failure poisons the step
-    instead of raising: by the compiled guard where it is built (no Python on completion, see
-    :mod:`native`), else by one Python callback on gloo's thread. It completes only once
-    the inner work has ended, so nothing of an aborted generation writes into the caller's
-    buffers after it is released. An abort cuts the group, which ends the work within
-    milliseconds (see :func:`_await_end` for one that does not)."""
-
-    def on_abort(future: Future[Any] | None) -> None:
-        cut()
-        if future is not None:
-            _watch_end(future)
-
-    ticket = guard.track(on_abort)
-    if ticket is None:
-        guard.poison("generation aborted")
-        return _completed(call.result)
-    try:
-        work = call.launch(inner, call.outputs)
-    except RuntimeError as exc:
-        guard.untrack(ticket)
-        guard.poison(f"collective failed to start: {exc}")
-        return _completed(call.result)
-    started = work.get_future()
-    future = guard.chain_native(started, call.outputs) if call.plain else None
-    if future is None:
-        future = started.then(functools.partial(_finish, guard, call))
-    if not guard.launched(ticket, future):
-        _watch_end(future)  # aborted while it started: the abort cut the group, not watched it
-    return _create_work_from_future(future)
-
-
-def _finish(guard: StepGuard, call: _Collective, done: Future[Any]) -> Any:
-    """The Python completion of an in-place collective (see :func:`_in_place`)."""
-    try:
-        done.wait()
-    except RuntimeError as exc:
-        guard.poison(f"collective failed: {exc}")
-        return call.result
-    if call.expand is not None:
-        call.expand(call.outputs)
-    return call.result
-
-
-def _watch_end(future: Future[Any]) -> None:
-    ended = threading.Event()
-    future.add_done_callback(lambda _: ended.set())
-    threading.Thread(target=_await_end, args=(ended,), daemon=True).start()
-
-
-def _await_end(ended: threading.Event) -> None:
-    """Watch an aborted in-place collective: after a cut, its work ends within milliseconds
-    (which releases the caller); one that does not may still write into the caller's buffers
-    during a later step: this process then leaves (the job replaces it like any failed
-    worker) rather than risk it.
-
-    One case is known (torch 2.13's gloo): a send whose write to the socket was left partial
-    (more than the socket buffer; a new connection's buffer is small) waits in the pair's
-    transmit queue, and when the pair fails, gloo signals the queued sends of bound buffers
-    only, not those of the unbound buffers its collectives use. Such a work ends only at the
-    collective timeout (``tests/test_gloo_stuck_send.py`` builds one), so the grace is short."""
-    if not ended.wait(CUT_GRACE_S):
-        leave(
-            EXIT_COMMUNICATOR_STUCK,
-            f"a collective of an aborted generation did not end {CUT_GRACE_S:.0f} s after its "
-            "connections were cut; leaving so that it cannot write into later steps' buffers",
-        )

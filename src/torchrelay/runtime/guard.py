@@ -45,6 +45,9 @@ class StepGuard:
         self.generation = -1
         self._reason: str | None = None
         self.optimizer_applied = False
+        # No step has begun yet: the script is setting up (DDP's constructor, its own
+        # collectives), where a failed collective is answered locally (see facade).
+        self.setting_up = True
         # A hosted rank's accumulating pass (runtime.hosting): the optimizer waits for the
         # host's own pass, which applies the summed gradients once.
         self.accumulating = False
@@ -80,6 +83,7 @@ class StepGuard:
 
     def begin_step(self) -> None:
         with self._lock:
+            self.setting_up = False
             self._clear_poison()
             self.optimizer_applied = False
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import os
 import queue
 import resource
 import sys
@@ -40,10 +39,9 @@ from torchrelay.control.protocol import (
 )
 from torchrelay.control.wire import WireError, seal, unseal
 from torchrelay.progress import ByteProgress
-from torchrelay.runtime.devices import new_group
 from torchrelay.runtime.env import RelayEnv
+from torchrelay.runtime.generations import GenerationEntry
 from torchrelay.runtime.guard import GenerationAborted
-from torchrelay.runtime.hosting import comm_layout
 from torchrelay.runtime.replicas import LocalMirror
 from torchrelay.runtime.tracked import TrackedState
 from torchrelay.runtime.warmup import signature_of, warm_ddp, warm_model, warm_optimizer
@@ -51,12 +49,11 @@ from torchrelay.transfer.buffers import Prefault, publish_layout
 from torchrelay.transfer.engine import receive_state, schema_key, send_state
 from torchrelay.transfer.sums import ChunkSums
 
-KEY_POLL = datetime.timedelta(milliseconds=200)
 IDLE_POLL = 0.2  # seconds between a waiting spare's looks for its warm-up's input signature
 SIGNATURE_KEY = "torchrelay/input_signature"
 
 
-class Recovery:
+class Recovery(GenerationEntry):
     """Generation changes and state transfer (see :class:`Relay`)."""
 
     env: RelayEnv
@@ -72,78 +69,13 @@ class Recovery:
     _waiting_lock: threading.RLock
     _handover_at: tuple[int, int] | None
     _timeout: datetime.timedelta
-    _connect_within: datetime.timedelta  # a recovery's rendezvous (JobConfig.rendezvous_timeout)
     _chaos: list[ChaosEvent]
     _first_after_recovery: bool
     _state_valid: bool
-    _retired: list[dist.ProcessGroup]
     _prefault: Prefault | None
     _layout_shared: int
     _sums: ChunkSums | None
     _current_step: int | None
-    # Called with a new slot (transparent mode's clone takes its samplers and RNG streams).
-    on_slot: Callable[[int], None] | None
-
-    def _bind(
-        self,
-        generation: int,
-        rank: int,
-        members: tuple[int, ...] | None = None,
-        hosted: dict[int, int] | None = None,
-        resuming: int | None = None,
-    ) -> None:
-        """Enter ``generation`` as ``rank``. ``members``: the ranks with a process of their
-        own (default: all), in the order of the process group; ``hosted``: the others, each
-        mapped to its host's rank (``--elastic``, see :mod:`torchrelay.runtime.hosting`);
-        ``resuming``: the step a recovery resumes at (for chaos in its rendezvous)."""
-        members = tuple(range(self.world_size)) if members is None else members
-        hosted = {} if hosted is None else hosted
-        self.guard.enter_generation(generation)
-        moved = rank != self.rank
-        self.generation, self.rank = generation, rank
-        self.hosted = tuple(sorted(v for v, host in hosted.items() if host == rank))
-        os.environ["RANK"] = str(rank)
-        if moved and self.on_slot is not None:
-            self.on_slot(rank)
-        store = dist.PrefixStore(f"torchrelay/g{generation}", self._store)
-        connect_within = None
-        if generation > 0:
-            # Gloo's own rendezvous cannot be interrupted; meet on store keys first, so that a
-            # member dying now aborts this generation instead of stalling it for the timeout.
-            # One dying inside the rendezvous still holds the others there: bound it so that
-            # they raise (and halt for the next plan) well within the halt timeout.
-            store.set(f"ready/{rank}", "1")
-            self._await_keys(store, [f"ready/{r}" for r in members])
-            self._maybe_fire("rendezvous", step=resuming)
-            connect_within = self._connect_within
-        inner = new_group(
-            store, members.index(rank), len(members), self._timeout, self.device, connect_within
-        )
-        previous = self.process_group.bind(inner, rank, generation)
-        self.process_group.set_layout(comm_layout(self.world_size, members, hosted))
-        if previous is not None:
-            # Destroying a gloo group joins its threads, which may sit in a collective that
-            # will only time out: drop the last reference off the training thread.
-            self._retired.append(previous)
-            del previous
-            threading.Thread(target=self._release_retired, daemon=True).start()
-
-    def _await_keys(self, store: dist.Store, keys: list[str]) -> None:
-        """Wait until ``keys`` exist in ``store``, unless this generation is aborted first."""
-        deadline = time.monotonic() + self._timeout.total_seconds()
-        while True:
-            if self.guard.aborted:
-                raise GenerationAborted(f"generation {self.generation} aborted during rendezvous")
-            try:
-                store.wait(keys, KEY_POLL)
-                return
-            except dist.DistStoreError:
-                if time.monotonic() > deadline:
-                    raise
-
-    def _release_retired(self) -> None:
-        while self._retired:
-            self._retired.pop()
 
     def _report_and_wait(
         self, report: Report, *kinds: type[Message], idle: Callable[[], bool] | None = None

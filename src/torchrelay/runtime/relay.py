@@ -125,9 +125,10 @@ class Relay(ControlLink, Recovery, ChaosInjection, Parking):
         seed_all(seed, SETUP_STEP, 0)
         # Heartbeats start before the first rendezvous: waiting for slow peers is not a hang.
         threading.Thread(target=self._heartbeat, name="torchrelay-heartbeat", daemon=True).start()
-        if self.rank is not None:
-            self._bind(self.generation, self.rank)
+        # Watched before the first rendezvous: a peer lost in it is told by an abort.
         threading.Thread(target=self._watch, name="torchrelay-watch", daemon=True).start()
+        if self.rank is not None:
+            self._first_bind()
         self.process_group.after_allreduce_launch = self._on_allreduce_launch
         install_excepthook(self)
 
