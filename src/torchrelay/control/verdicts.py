@@ -145,9 +145,8 @@ def first_step_bug_reason(
         return (
             f"rank {lost['slot']} ({lost['process']}) was lost ({lost['cause']}) before any "
             f"step was committed, and rank {slot} ({process}) then failed in its set-up "
-            f"({cause}): a process lost while the job sets up (before its first step) cannot "
-            "be replaced, since the others' set-up collectives fail with it; nothing was "
-            "committed, so run the job again"
+            f"({cause}), most likely because of that loss (set-up code of the script's own that "
+            "talks to its peers cannot be recovered); nothing was committed, so run the job again"
         )
     return (
         f"rank {slot} ({process}) failed in step {step} ({cause}) before any step was "

@@ -1,5 +1,5 @@
-"""Generations and recovery: joining a plan's generation, sending or receiving state, and the
-waits between steps (for a slot, for a plan, for the job's end).
+"""Recovery: following a plan into its generation (entered by :mod:`generations`), sending or
+receiving state, and the waits between steps (for a slot, for a plan, for the job's end).
 
 A mixin of :class:`torchrelay.runtime.relay.Relay`; it relies on the attributes that
 ``Relay.__init__`` sets (annotated below) and on :class:`ControlLink` and
