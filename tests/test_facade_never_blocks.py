@@ -4,7 +4,9 @@ import threading
 
 import torch
 import torch.distributed as dist
+from torch.futures import Future
 
+from torchrelay.runtime import facade as facade_module
 from torchrelay.runtime.facade import StableProcessGroup
 from torchrelay.runtime.guard import StepGuard, guard_optimizer
 
@@ -139,27 +141,49 @@ def test_a_set_up_collective_the_abort_ends_is_answered_locally(ranks):
     assert ranks(2, body, timeout=5.0)[0] == ([[7.0, 8.0], [7.0, 8.0]], 5.0)
 
 
-def test_a_set_up_collective_that_fails_waits_for_the_abort(ranks):
+class _Failed:
+    """A work that has failed (a peer's connection reset)."""
+
+    def get_future(self):
+        future = Future()
+        future.set_exception(RuntimeError("Connection closed by peer"))
+        return future
+
+
+class _Failing:
+    """An inner group whose every collective fails."""
+
+    def allreduce(self, tensors, opts):
+        return _Failed()
+
+
+def _failing_in_setup():
+    guard = StepGuard()
+    facade = StableProcessGroup(2, guard)
+    facade.bind(_Failing(), 0, generation=0)
+    guard.enter_generation(0)
+    return facade, guard
+
+
+def test_a_set_up_collective_that_fails_waits_for_the_abort():
     """Its failure (gloo's, before the controller's abort comes) releases nothing: the work
     completes only once the abort answers it locally, its tensor as it was."""
-    failed = threading.Event()
+    facade, guard = _failing_in_setup()
+    t = torch.ones(3)
+    work = facade.allreduce([t])
+    assert not work.is_completed()
+    guard.abort(0)
+    work.wait()
+    assert t.tolist() == [1.0, 1.0, 1.0]
 
-    def body(rank, pg):
-        facade, guard = _bound(pg, rank, setting_up=True)
-        if rank == 1:
-            # A size mismatch makes gloo fail the work on rank 0's side.
-            pg.allreduce([torch.ones(1)]).wait()
-            failed.wait(10)
-            return None
-        t = torch.ones(3)
-        work = facade.allreduce([t])
-        done = threading.Thread(target=work.wait, daemon=True)
-        done.start()
-        done.join(0.5)
-        pending = done.is_alive()
-        failed.set()
-        guard.abort(0)
-        work.wait()
-        return pending, t.tolist()
 
-    assert ranks(2, body, timeout=5.0)[0] == (True, [1.0, 1.0, 1.0])
+def test_a_set_up_collective_failure_no_abort_follows_poisons(monkeypatch):
+    """Ranks that disagree in set-up (no peer lost, so no abort comes): after the wait, the
+    failure poisons as in a step, instead of holding DDP's constructor for good."""
+    monkeypatch.setattr(facade_module, "SETUP_ABORT_WAIT_S", 0.05)
+    facade, guard = _failing_in_setup()
+    t = torch.ones(3)
+    facade.allreduce([t]).wait()
+    assert t.tolist() == [1.0, 1.0, 1.0]
+    reason = "collective failed: Connection closed by peer (in set-up, and no abort followed)"
+    assert guard.poison_reason == reason

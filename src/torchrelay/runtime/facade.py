@@ -53,6 +53,10 @@ from torchrelay.runtime.devices import abort_group, cuttable
 from torchrelay.runtime.guard import StepGuard
 from torchrelay.runtime.hosting import Contributions
 
+# How long a failed set-up collective waits for the controller's abort: more than the
+# controller takes to see any loss (a lost node: --node-timeout, 10 s by default).
+SETUP_ABORT_WAIT_S = 60.0
+
 
 def launch_options(opts: Any) -> Any:
     """A copy of a collective's options for the inner group, with ``asyncOp`` set.
@@ -264,7 +268,8 @@ class StableProcessGroup(dist.ProcessGroup):
         """The collective on private copies, copied back only if it succeeds; an abort (or a
         silenced communicator's) releases the caller at once and abandons the copies.
         ``in_setup``: the local answer of a set-up collective (see the module doc), given on an
-        abort instead of poisoning the step; its failures wait for the abort."""
+        abort instead of poisoning the step; its failures wait for the abort, at most
+        :data:`SETUP_ABORT_WAIT_S`, and then poison (its outputs untouched)."""
         outputs, result, expand = call.outputs, call.result, call.expand
         scratch = [t.detach().clone() for t in outputs]
         future: Future[Any] = Future()
@@ -286,11 +291,22 @@ class StableProcessGroup(dist.ProcessGroup):
             future.set_result(result)
 
         def failed(reason: str) -> None:
-            # In set-up, a peer's loss fails the work before the controller's abort comes:
-            # that abort (still tracked) settles it, with the local answer.
             if in_setup is None:
                 guard.untrack(ticket)
                 settle(False, reason)
+                return
+            # In set-up, a peer's loss fails the work before the controller's abort comes:
+            # that abort (still tracked) settles it, with the local answer. Without one, the
+            # failure is the script's own (ranks that disagree): it poisons, as in a step.
+            expiry = threading.Timer(SETUP_ABORT_WAIT_S, not_a_loss, args=(reason,))
+            expiry.daemon = True
+            expiry.start()
+
+        def not_a_loss(reason: str) -> None:
+            if settled.acquire(blocking=False):
+                guard.untrack(ticket)
+                guard.poison(f"{reason} (in set-up, and no abort followed)")
+                future.set_result(result)
 
         ticket = guard.track(lambda _future: settle(False, "generation aborted"))
         if ticket is None:
