@@ -178,8 +178,8 @@ def _await_halt(
         )
         if job.highest_committed < 0:
             reason += (
-                "; nothing was committed yet, so they were most likely still setting up (in "
-                "torchrelay.init() or DDP's constructor), where a lost process cannot be replaced"
+                "; nothing was committed yet, so they were most likely still setting up (a "
+                "survivor halts only at its first step): raise --halt-timeout for a long set-up"
             )
         actions += fail(job, reason)
     else:
