@@ -157,18 +157,10 @@ class _Failing:
         return _Failed()
 
 
-def _failing_in_setup():
-    guard = StepGuard()
-    facade = StableProcessGroup(2, guard)
-    facade.bind(_Failing(), 0, generation=0)
-    guard.enter_generation(0)
-    return facade, guard
-
-
 def test_a_set_up_collective_that_fails_waits_for_the_abort():
     """Its failure (gloo's, before the controller's abort comes) releases nothing: the work
     completes only once the abort answers it locally, its tensor as it was."""
-    facade, guard = _failing_in_setup()
+    facade, guard = _bound(_Failing(), 0, setting_up=True)
     t = torch.ones(3)
     work = facade.allreduce([t])
     assert not work.is_completed()
@@ -181,7 +173,7 @@ def test_a_set_up_collective_failure_no_abort_follows_poisons(monkeypatch):
     """Ranks that disagree in set-up (no peer lost, so no abort comes): after the wait, the
     failure poisons as in a step, instead of holding DDP's constructor for good."""
     monkeypatch.setattr(facade_module, "SETUP_ABORT_WAIT_S", 0.05)
-    facade, guard = _failing_in_setup()
+    facade, guard = _bound(_Failing(), 0, setting_up=True)
     t = torch.ones(3)
     facade.allreduce([t]).wait()
     assert t.tolist() == [1.0, 1.0, 1.0]

@@ -9,7 +9,6 @@ A mixin of :class:`torchrelay.runtime.relay.Relay`; it relies on the attributes 
 from __future__ import annotations
 
 import contextlib
-import datetime
 import queue
 import resource
 import sys
@@ -54,21 +53,16 @@ SIGNATURE_KEY = "torchrelay/input_signature"
 
 
 class Recovery(GenerationEntry):
-    """Generation changes and state transfer (see :class:`Relay`)."""
+    """Generation changes and state transfer (see :class:`Relay`); the attributes it shares
+    with :class:`GenerationEntry` are annotated there."""
 
     env: RelayEnv
-    device: Any
-    world_size: int
-    rank: int | None
-    hosted: tuple[int, ...]
     tracked: TrackedState
     local: LocalMirror | None
-    _store: dist.TCPStore
     _store_address: str
     _waiting: Report | None
     _waiting_lock: threading.RLock
     _handover_at: tuple[int, int] | None
-    _timeout: datetime.timedelta
     _chaos: list[ChaosEvent]
     _first_after_recovery: bool
     _state_valid: bool
