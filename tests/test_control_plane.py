@@ -7,6 +7,7 @@ import sys
 import threading
 import time
 from dataclasses import replace
+from types import SimpleNamespace
 
 import grpc
 import pytest
@@ -380,3 +381,27 @@ def test_watch_ends_when_its_process_dies_and_a_closed_node_stream_loses_the_nod
     assert controller.wait_until(lambda: not controller.nodes["node1"].alive, timeout=60)
     lost = [e for e in read_ledger(run_dir / "ledger.jsonl") if e["event"] == "node_lost"]
     assert [e["reason"] for e in lost] == ["its agent's connection closed"]
+
+
+def test_wait_all_gone_keeps_one_deadline_for_the_members_and_the_node_streams(job, monkeypatch):
+    """The members take the whole timeout (on a clock the test moves), so the node stream that
+    never takes its message is waited for no longer: the call ends within its timeout."""
+    import torchrelay.control.controller as controller_module
+
+    controller, _, client, _, _ = job
+    client("agent@node1").node_join("node1")
+    controller.node_outbox("node1").put({"type": "start_spare"})  # never taken
+    now = [1000.0]
+    clock = SimpleNamespace(monotonic=lambda: now[0], time=time.time)  # the rest keeps the real one
+    monkeypatch.setattr(controller_module, "time", clock)
+
+    def members_take_the_whole_timeout(predicate, timeout=None):
+        now[0] += timeout
+        return True
+
+    monkeypatch.setattr(controller, "wait_until", members_take_the_whole_timeout)
+    asked: list[float] = []
+    outbox = controller.node_outbox("node1")
+    monkeypatch.setattr(outbox, "wait_drained", lambda timeout: asked.append(timeout) or False)
+    assert not controller.wait_all_gone(timeout=30.0)
+    assert asked == [0.0]

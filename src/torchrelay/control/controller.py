@@ -155,7 +155,9 @@ class Controller(Coordinator, PoolSide):
         """Wait until every process of the job exited, no spare is on its way (its node's
         agent must report its exit before the controller stops serving) and every live node's
         stream has taken its ``finish`` (stopping sooner cuts the stream, and the node takes
-        the job for lost: seen under load once its slots had been drained)."""
+        the job for lost: seen under load once its slots had been drained); ``False`` if that
+        has not all happened within ``timeout`` in all."""
+        deadline = time.monotonic() + timeout
 
         def gone() -> bool:
             job = self.job
@@ -166,7 +168,7 @@ class Controller(Coordinator, PoolSide):
             return False
         with self._cond:
             live = [self._executor.node_outbox(n) for n, e in self.job.nodes.items() if e.alive]
-        return all(outbox.wait_drained(timeout) for outbox in live)
+        return all(outbox.wait_drained(max(0.0, deadline - time.monotonic())) for outbox in live)
 
     def wait_finished(self, timeout: float | None = None) -> dict[str, Any] | None:
         with self._cond:
