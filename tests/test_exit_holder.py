@@ -89,3 +89,30 @@ def test_on_by_default_for_the_cpu_and_opt_in_for_cuda(monkeypatch):
         assert exit_holder.wanted(device_type) is on, (switch, device_type)
     monkeypatch.setenv(exit_holder.SWITCH, "0")
     assert exit_holder.start("cpu") is None
+
+
+_ORDINARY_EXIT = """
+import atexit, os
+from torchrelay.runtime import exit_holder
+holder = []
+# Registered first, so it runs last: after the holder's own handler.
+atexit.register(lambda: print("holder left", not os.path.exists(f"/proc/{holder[0]}"), flush=True))
+holder.append(exit_holder.start("cpu"))
+print(holder[0], flush=True)
+"""
+
+
+def test_an_ordinary_exit_ends_and_reaps_the_holder_first():
+    """Nobody waits on an ordinary exit: the worker unmaps its own memory, and no holder is
+    left for init to reap (its job's end would wait for it)."""
+    require_built()
+    done = subprocess.run(
+        [sys.executable, "-c", _ORDINARY_EXIT],
+        capture_output=True,
+        text=True,
+        env={**os.environ, exit_holder.SWITCH: "1"},
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    holder, verdict = done.stdout.splitlines()
+    assert int(holder) > 0 and verdict == "holder left True"

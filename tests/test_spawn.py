@@ -126,3 +126,16 @@ def test_a_group_ends_when_its_last_member_has_gone_not_when_its_leader_has():
     assert await_group_end(leader.pid, timeout=60)
     assert _gone(member)  # at once: the group is empty
     leader.stdin.close()
+
+
+def test_a_group_whose_members_are_all_zombies_has_ended():
+    """A member that exited but is not reaped yet (an orphaned exit holder waits for init,
+    which in a container may reap late or never) holds no memory and no descriptor: the
+    group has ended, although signalling it still succeeds."""
+    leader = subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True)
+    stat = Path(f"/proc/{leader.pid}/stat")
+    while stat.read_text().rsplit(")", 1)[1].split()[0] != "Z":  # exited, not reaped
+        time.sleep(0.01)
+    os.killpg(leader.pid, 0)  # the group still answers
+    assert await_group_end(leader.pid, timeout=60)
+    assert leader.wait(timeout=60) == 0

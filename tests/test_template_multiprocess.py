@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -53,11 +54,20 @@ def test_a_killed_launcher_leaves_no_forked_spare_nor_template_behind(tmp_path):
         joined = [e for e in job_ledger(run_dir) if e["event"] == "process_join"]
         spares = {e["pid"] for e in joined if e["role"] == "spare"}
         pids = job_pids(run_dir)
-        assert spares <= pids and len(pids) == 5  # 2 workers, 2 spares, the template
+        holders = {pid for pid in pids if _comm(pid) == "torchrelay-hold"}
+        assert spares <= pids and len(pids - holders) == 5  # 2 workers, 2 spares, the template
+        assert len(holders) == 4  # an exit holder each for the workers and spares
         launcher.send_signal(signal.SIGKILL)
         launcher.wait()
         seconds = await_gone([run_dir], timeout=30)
     print(f"{len(pids)} processes, all gone {seconds:.2f} s after the launcher's death")
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:  # it ended meanwhile
+        return ""
 
 
 def job_ledger(run_dir) -> list[dict]:

@@ -31,6 +31,8 @@ from typing import Any
 
 GROUP_END_TIMEOUT_S = 5.0
 GROUP_END_POLL_S = 0.005  # no pidfd for a group: its end is polled
+# A group that still answers may hold zombies only: /proc is read at most this often to see.
+GROUP_SCAN_S = 0.05
 
 TRAMPOLINE = Path(__file__).with_name("deathsig.py")
 
@@ -82,16 +84,38 @@ def ask_group_to_end(pid: int) -> None:
 
 
 def await_group_end(pid: int, timeout: float = GROUP_END_TIMEOUT_S) -> bool:
-    """Wait until the process group led by ``pid`` has no member left (each exited and was
-    reaped): after a SIGKILL to it, what a process left in its group (its exit holder, which
-    unmaps its memory; data loader workers) is gone when this returns ``True``. ``False``
-    after ``timeout``: a member whose parent does not reap it."""
+    """Wait until the process group led by ``pid`` has no live member left: after a SIGKILL to
+    it, what a process left in its group (its exit holder, which unmaps its memory; data
+    loader workers) has ended when this returns ``True``. A zombie counts as ended: its memory
+    and descriptors are released, and reaping it is its parent's business (an orphan's is
+    init's, which in a container may reap late or never). ``False`` after ``timeout``."""
     deadline = time.monotonic() + timeout
+    scanned = 0.0
     while True:
         try:
             os.killpg(pid, 0)
         except ProcessLookupError:
             return True
-        if time.monotonic() > deadline:
+        now = time.monotonic()
+        if now - scanned >= GROUP_SCAN_S:
+            scanned = now
+            if not _live_members(pid):
+                return True
+        if now > deadline:
             return False
         time.sleep(GROUP_END_POLL_S)
+
+
+def _live_members(group: int) -> bool:
+    """Whether a process of process group ``group`` is alive (not a zombie)."""
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):  # it ended meanwhile
+            continue
+        if int(fields[2]) == group and fields[0] != b"Z":
+            return True
+    return False
