@@ -12,6 +12,7 @@ import pytest
 from tests.fsm import join_to, report_to
 from torchrelay.config import JobConfig
 from torchrelay.control.controller import Controller
+from torchrelay.exits import EXIT_COMMUNICATOR_STUCK
 from torchrelay.ledger import Ledger, read_ledger
 
 
@@ -105,6 +106,24 @@ def test_a_bug_after_commits_no_heartbeat_reported_yet_is_retried_as_a_bug(make)
     until(lambda: events(controller, "recovery_start") != [])  # started by its own thread
     assert controller.outcome is None  # a recovery, not a stop
     assert controller.status()["steps_committed"] == 4
+
+
+@pytest.mark.parametrize(
+    ("returncode", "kind", "stops"),
+    [(EXIT_COMMUNICATOR_STUCK, "communicator", False), (1, "exit", True)],
+)
+def test_a_stuck_communicator_is_not_counted_as_a_bug_in_the_script(make, returncode, kind, stops):
+    # A worker that left because gloo never ended an aborted send (runtime/collective.py)
+    # follows another loss: it is replaced even with no restart left; an exit of the script's
+    # own is not.
+    controller = make(max_restarts=0)
+    start(controller, steps=3)
+    controller.on_exit("worker1", returncode)
+    if not stops:
+        until(lambda: events(controller, "recovery_start") != [])
+    assert (controller.outcome is not None) is stops
+    [failure] = [e for e in events(controller, "failure") if e["slot"] == 1]
+    assert failure["kind"] == kind
 
 
 def test_a_worker_that_exits_zero_without_init_stops_the_job(make):

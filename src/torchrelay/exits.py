@@ -15,7 +15,9 @@ EXIT_CONTROLLER_LOST = 75
 EXIT_COMMUNICATOR_STUCK = 71
 """A collective of an aborted generation did not end after its connections were cut: it might
 still write into this process's buffers, so the process leaves and is replaced like a failed
-one (not in :data:`SELF_FENCED`)."""
+one (not in :data:`SELF_FENCED`, as it did leave of its own accord), but not counted
+against ``--max-restarts`` nor taken for a bug in the script (the failure kind
+``communicator``): it follows another loss, in gloo (README, Limits)."""
 
 SELF_FENCED = frozenset({EXIT_FENCED, EXIT_CONTROLLER_LOST})
 

@@ -45,7 +45,7 @@ from torchrelay.control.verdicts import (
     unjoined_failure,
     worker_slot,
 )
-from torchrelay.exits import SELF_FENCED
+from torchrelay.exits import EXIT_COMMUNICATOR_STUCK, SELF_FENCED
 
 OutputTail = Callable[[str], str]
 
@@ -217,11 +217,16 @@ def _worker_lost(
 
 
 def failure_kind(member: Member, returncode: int) -> str:
-    """``stall`` and script failures count against ``--max-restarts``; the others do not."""
+    """``stall`` and script failures count against ``--max-restarts``; the others do not.
+    ``communicator``: it left because an aborted collective outlived the cut of its
+    connections (:data:`EXIT_COMMUNICATOR_STUCK`), which follows another loss: gloo's, not the
+    script's, and bounded by the losses that cause it."""
     if member.detection is Detection.STALL:
         return "stall"
     if returncode in SELF_FENCED:
         return "fenced"
+    if returncode == EXIT_COMMUNICATOR_STUCK:
+        return "communicator"
     if returncode < 0:
         return "signal"
     return "exception" if member.error else "exit"
