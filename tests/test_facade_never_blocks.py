@@ -75,6 +75,40 @@ def test_collectives_after_abort_return_at_once_poisoned():
     assert t.item() == 1.0 and guard.poisoned
 
 
+def test_a_step_begun_after_an_abort_is_poisoned_and_skips_the_optimizer():
+    """The abort lands between the step loop's look at ``aborted`` and ``begin_step()``
+    (seen in soaks right after a recovery's transfer): the step's collectives are not sent,
+    so its optimizer must not apply this rank's own gradients."""
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    guard = StepGuard()
+    guard_optimizer(opt, guard)
+    facade = StableProcessGroup(2, guard)
+    facade.bind(object(), 0, generation=0)  # never touched: the generation is aborted
+    guard.enter_generation(0)
+    guard.abort(0)
+    guard.begin_step()
+    model(torch.ones(1, 2)).sum().backward()
+    grad = model.weight.grad.clone()
+    facade.allreduce([model.weight.grad]).wait()
+    before = model.weight.detach().clone()
+    opt.step()
+    assert guard.poisoned and "aborted" in str(guard.poison_reason)
+    assert torch.equal(model.weight, before) and not guard.optimizer_applied
+    assert torch.equal(model.weight.grad, grad)
+
+
+def test_an_abort_that_overtook_its_plan_poisons_the_generation_it_aborts():
+    guard = StepGuard()
+    guard.abort(4)  # the plan for generation 4 is not entered yet
+    guard.enter_generation(4)
+    guard.begin_step()
+    assert guard.aborted and guard.poisoned
+    guard.enter_generation(5)
+    guard.begin_step()
+    assert not guard.aborted and not guard.poisoned
+
+
 def test_abort_of_another_generation_is_ignored():
     guard = StepGuard()
     guard.enter_generation(2)

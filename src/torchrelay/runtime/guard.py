@@ -95,7 +95,12 @@ class StepGuard:
             self._clear_poison()
 
     def _clear_poison(self) -> None:
-        self._reason = None
+        """Clear the last step's poison, but not an abort's: every step that begins in an
+        aborted generation is poisoned. (An abort that came between the step loop's look at
+        :attr:`aborted` and :meth:`begin_step` once left such a step unpoisoned: its
+        collectives were skipped, and its optimizer applied this rank's own gradients.)"""
+        aborted = f"generation {self.generation} aborted by the controller"
+        self._reason = aborted if self._aborted else None
         if self._native_poison is not None:
             self._native_poison.clear()
 
