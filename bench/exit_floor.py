@@ -48,7 +48,7 @@ _HOLD = """
 import os
 from torchrelay.runtime import exit_holder
 os.environ[exit_holder.SWITCH] = "1"
-assert exit_holder.start("cpu") is not None, "the runtime's C++ is not built"
+assert exit_holder.start() is not None, "the runtime's C++ is not built"
 """
 _RESIDENT = "import torch\nresident = torch.ones(int({gib} * 2**28))\n"
 VARIANTS = {

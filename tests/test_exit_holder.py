@@ -22,7 +22,7 @@ import socket, sys, time, torch
 from torchrelay.runtime import exit_holder
 resident = torch.ones(64 * 2**20)  # 256 MiB, written: resident
 peer = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
-holder = exit_holder.start("cpu")
+holder = exit_holder.start()
 print(holder, flush=True)
 time.sleep(3600)
 """
@@ -75,20 +75,10 @@ def test_a_killed_worker_is_reaped_and_its_sockets_close_before_its_memory_is_un
         listener.close()
 
 
-def test_on_by_default_for_the_cpu_and_opt_in_for_cuda(monkeypatch):
-    expected = {
-        ("", "cpu"): True,
-        ("", "cuda"): False,
-        ("0", "cpu"): False,
-        ("0", "cuda"): False,
-        ("1", "cpu"): True,
-        ("1", "cuda"): True,
-    }
-    for (switch, device_type), on in expected.items():
+def test_no_holder_unless_switched_on(monkeypatch):
+    for switch in ("", "0"):
         monkeypatch.setenv(exit_holder.SWITCH, switch)
-        assert exit_holder.wanted(device_type) is on, (switch, device_type)
-    monkeypatch.setenv(exit_holder.SWITCH, "0")
-    assert exit_holder.start("cpu") is None
+        assert exit_holder.start() is None
 
 
 _ORDINARY_EXIT = """
@@ -97,7 +87,7 @@ from torchrelay.runtime import exit_holder
 holder = []
 # Registered first, so it runs last: after the holder's own handler.
 atexit.register(lambda: print("holder left", not os.path.exists(f"/proc/{holder[0]}"), flush=True))
-holder.append(exit_holder.start("cpu"))
+holder.append(exit_holder.start())
 print(holder[0], flush=True)
 """
 

@@ -16,14 +16,13 @@ the recovery's).
 
 Contract:
 
-- on by default for a worker computing on the CPU; ``TORCHRELAY_EXIT_HOLDER=0`` turns it off,
-  ``=1`` turns it on for a CUDA device too, where it is off by default until a GPU run checks
-  it against the driver (``scripts/gpu_check.sh`` does): the driver's mappings would live on
-  in the holder until it has unmapped them. (It was opt-in for a while: workers of a drained
-  node aborted at exit inside gloo, ``epoll_ctl: Bad file descriptor``, with it on and with
-  it off, both times with a thread-based rendezvous since withdrawn; with the rendezvous that
-  replaced it, that test passed 11 runs of 11 with it on, and the slow suite beside a CPU
-  hog and CI's soak passed with it on by default: docs/benchmarks.md, "Seventh pass");
+- opt-in, ``TORCHRELAY_EXIT_HOLDER=1``. It was on by default for CPU workers for a day of
+  soaking (docs/benchmarks.md, "Seventh pass"): a killed worker's connections then close
+  ~1 ms after the kill instead of 20-40 ms, so what it had sent but not yet delivered is
+  lost more often, and survivors fall a step behind their peers more often (a plan has
+  fewer sources, and a second kill during its transfer can leave none); it stays off until
+  that costs nothing. On CUDA devices it is not yet checked against the driver on a GPU
+  (``scripts/gpu_check.sh`` does): the driver's mappings would live on in the holder;
 - one holder per process, started by :func:`torchrelay.init`; it is named
   ``torchrelay-hold`` (``ps -o comm``) and is a child of the worker, in its process group;
 - it never outlives the worker by more than its unmapping: it exits on the worker's end, and
@@ -32,9 +31,8 @@ Contract:
   first: nobody waits on that death, so the worker unmaps its own memory at its own priority,
   as without a holder, and no orphan is left for init to reap (the holder's nice 19 made a
   job's end wait for the unmapping of every worker: ~1.5 s more per job here);
-- not started (``None``) where it is switched off (above), without the compiled extension
-  (:mod:`native`), and in transparent mode (CRIU cannot snapshot two processes that share
-  memory);
+- not started (``None``) without the switch, without the compiled extension (:mod:`native`),
+  and in transparent mode (CRIU cannot snapshot two processes that share memory);
 - failure: a holder that cannot start (Linux < 5.9 has no ``close_range``, < 5.3 no pidfd) is
   one line on stderr, and the worker runs without it; nothing else changes.
 """
@@ -49,23 +47,17 @@ import sys
 
 from torchrelay.runtime import native
 
-SWITCH = "TORCHRELAY_EXIT_HOLDER"  # "0": never start it; "1": also on a CUDA device
+SWITCH = "TORCHRELAY_EXIT_HOLDER"  # "1": start it (see the module doc)
 
 _holder: int | None = None
 
 
-def wanted(device_type: str) -> bool:
-    """Whether a worker computing on a ``device_type`` device starts a holder (module doc)."""
-    switch = os.environ.get(SWITCH, "")
-    return switch == "1" or (switch != "0" and device_type == "cpu")
-
-
-def start(device_type: str) -> int | None:
+def start() -> int | None:
     """Start this process's holder unless it has one or must not (module doc); its pid."""
     global _holder
     if _holder is not None:
         return _holder
-    if not wanted(device_type):
+    if os.environ.get(SWITCH, "") != "1":
         return None
     extension = native.load()
     if extension is None:

@@ -387,7 +387,7 @@ def init(seed: int = 0) -> Relay:
     (:mod:`exit_holder`), has its stacks dumped before any fence (:mod:`stack_dump`), and
     returns the :class:`Relay` (on a spare at once: it waits for a slot in :meth:`Relay.steps`)."""
     relay = join(seed)
-    exit_holder.start(relay.device.type)
+    exit_holder.start()
     return relay
 
 
