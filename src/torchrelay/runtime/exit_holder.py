@@ -16,7 +16,7 @@ the recovery's).
 
 Contract:
 
-- opt-in, ``TORCHRELAY_EXIT_HOLDER=1``. It was on by default for CPU workers for a day of
+- opt-in, ``TORCHRELAY_EXIT_HOLDER=1``. It was on by default for CPU workers for a session of
   soaking (docs/benchmarks.md, "Seventh pass"): a killed worker's connections then close
   ~1 ms after the kill instead of 20-40 ms, so what it had sent but not yet delivered is
   lost more often, and survivors fall a step behind their peers more often (a plan has
