@@ -99,10 +99,12 @@ class StepGuard:
         aborted generation is poisoned. (An abort that came between the step loop's look at
         :attr:`aborted` and :meth:`begin_step` once left such a step unpoisoned: its
         collectives were skipped, and its optimizer applied this rank's own gradients.)"""
-        aborted = f"generation {self.generation} aborted by the controller"
-        self._reason = aborted if self._aborted else None
+        self._reason = self._abort_reason() if self._aborted else None
         if self._native_poison is not None:
             self._native_poison.clear()
+
+    def _abort_reason(self) -> str:
+        return f"generation {self.generation} aborted by the controller"
 
     def poison(self, reason: str) -> None:
         with self._lock:
@@ -126,7 +128,7 @@ class StepGuard:
                 return
             self._aborted = True
             if not self.poisoned:
-                self._reason = f"generation {generation} aborted by the controller"
+                self._reason = self._abort_reason()
             self._forget_ended()
             pending, self._pending = list(self._pending.values()), {}
         for entry in pending:
