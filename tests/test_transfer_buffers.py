@@ -14,7 +14,14 @@ import torch.distributed as dist
 
 from tests.test_transfer_engine import _replica
 from torchrelay.control.wire import new_token, seal
-from torchrelay.transfer.buffers import LAYOUT_KEY, Prefault, publish_layout, read_layout
+from torchrelay.transfer.buffers import (
+    LAYOUT_KEY,
+    Prefault,
+    free_bytes,
+    publish_layout,
+    read_layout,
+    room_for_a_copy,
+)
 from torchrelay.transfer.engine import receive_state, send_state
 
 
@@ -135,3 +142,18 @@ def test_a_process_that_exits_while_buffers_are_prepared_exits_cleanly():
     )
     assert done.returncode == 0, done.stderr
     assert "terminate called" not in done.stderr
+
+
+def test_a_copy_is_made_only_where_it_takes_at_most_half_of_the_free_memory():
+    state = {"weights": torch.zeros(256), "moments": [torch.zeros(256), torch.zeros(2)]}
+    need = 4 * (256 + 256 + 2)  # float32
+    cpu = torch.device("cpu")
+    assert room_for_a_copy(state, cpu, free=lambda _where: 2 * need)
+    assert not room_for_a_copy(state, cpu, free=lambda _where: 2 * need - 1)
+    assert not room_for_a_copy(state, cpu, free=lambda _where: None)  # unknown: in place
+    assert room_for_a_copy({"step": 3}, cpu, free=lambda _where: 0)  # nothing to copy
+
+
+def test_the_host_has_free_memory_to_report():
+    free = free_bytes(torch.device("cpu"))
+    assert free is not None and free > 0

@@ -10,6 +10,7 @@ from torchrelay.control.wire import new_token
 from torchrelay.runtime.tracked import TrackedState
 from torchrelay.transfer import engine
 from torchrelay.transfer.engine import TransferError, receive_state, send_state
+from torchrelay.transfer.flatten import flatten
 
 _RNG_LOCK = threading.Lock()  # rank threads share torch's global RNG
 
@@ -115,3 +116,65 @@ def test_the_sidecar_comes_from_the_lowest_source_only(ranks):
         return receive_state(pg, store, token, 1, state, sources).sidecar
 
     assert ranks(3, body)[2] == {"step": 1, "ranks": {"0": "x"}}
+
+
+def _laggard_receives(ranks, keep_own: bool, corrupt: bool):
+    """A laggard (state one step behind, optimizer state present) receives from two sources;
+    returns (its state's bytes before, after, whether the transfer failed, its model)."""
+    store, token = dist.HashStore(), new_token()
+    sources, receivers = [0, 1], [2]
+
+    def body(rank, pg):
+        if rank in sources:
+            tracked, *_ = _replica(seed=0, steps=3)
+            state = {"step": 3, "objects": tracked.state()}
+            return send_state(pg, store, token, 1, state, rank, sources, receivers, 256)
+        receiving.on = True
+        tracked, model, *_ = _replica(seed=0, steps=2)
+        own = tracked.state()
+        before = [t.clone() for t in flatten(own)[1]]
+        mine = {"step": 2, "objects": own}
+        try:
+            result = receive_state(pg, store, token, 1, mine, sources, keep_own=keep_own)
+        except TransferError:
+            return before, [t.clone() for t in flatten(own)[1]], True, model
+        tracked.load(result.state["objects"], own)
+        return before, [t.clone() for t in flatten(tracked.state())[1]], False, model
+
+    receiving, real = threading.local(), engine._checksum
+
+    def flaky(piece):
+        # The receiver's sum of its first chunk is off: verification fails once all landed.
+        value = real(piece)
+        if corrupt and getattr(receiving, "on", False):
+            receiving.on = False
+            return value ^ 1
+        return value
+
+    engine._checksum = flaky
+    try:
+        return ranks(3, body)[2]
+    finally:
+        engine._checksum = real
+
+
+def test_a_receiver_that_keeps_its_state_loses_nothing_when_the_transfer_fails(ranks):
+    """A laggard's state is still a valid source after a failed transfer: not one byte of it
+    changed, whereas receiving in place leaves it half-overwritten."""
+    kept_before, kept_after, kept_failed, _ = _laggard_receives(ranks, True, corrupt=True)
+    assert kept_failed
+    assert all(torch.equal(a, b) for a, b in zip(kept_before, kept_after, strict=True))
+    before, after, failed, _ = _laggard_receives(ranks, False, corrupt=True)
+    assert failed
+    assert not all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+
+
+def test_a_receiver_that_keeps_its_state_loads_the_exact_state_once_verified(ranks):
+    before, after, failed, model = _laggard_receives(ranks, True, corrupt=False)
+    reference, ref_model, *_ = _replica(seed=0, steps=3)
+    assert not failed
+    expected = flatten(reference.state())[1]
+    assert all(torch.equal(a, b) for a, b in zip(after, expected, strict=True))
+    assert not all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+    for a, b in zip(model.parameters(), ref_model.parameters(), strict=True):
+        assert torch.equal(a, b)

@@ -44,7 +44,7 @@ from torchrelay.runtime.guard import GenerationAborted
 from torchrelay.runtime.replicas import LocalMirror
 from torchrelay.runtime.tracked import TrackedState
 from torchrelay.runtime.warmup import signature_of, warm_ddp, warm_model, warm_optimizer
-from torchrelay.transfer.buffers import Prefault, publish_layout
+from torchrelay.transfer.buffers import Prefault, publish_layout, room_for_a_copy
 from torchrelay.transfer.engine import receive_state, schema_key, send_state
 from torchrelay.transfer.sums import ChunkSums
 
@@ -169,6 +169,17 @@ class Recovery(GenerationEntry):
         self._closing.set()
         print("torchrelay: this process's slot was handed over; leaving", file=sys.stderr)
         raise SystemExit(0)
+
+    def _room_to_keep(self, state: Any) -> bool:
+        """Whether this rank, holding valid state, can receive beside it; says so if not."""
+        if room_for_a_copy(state, self.device):
+            return True
+        self._warn(
+            f"torchrelay: rank {self.rank} receives state in place: no room for a second copy "
+            "beside its own, so if this transfer fails it holds no state a recovery could use",
+            what="receive_in_place",
+        )
+        return False
 
     def _hash_while_halted(self) -> None:
         """A rank that may be chosen as a source hashes its state's chunks while it waits for
@@ -295,21 +306,27 @@ class Recovery(GenerationEntry):
                 ready=ready,
             )
         elif me in receivers:
-            self._state_valid = False
+            mine = {"step": self.committed, "objects": own}
+            # A laggard's state stays a source for the next plan if this transfer fails
+            # (its last source dies): received aside, loaded once verified (transfer.buffers).
+            keep = self._state_valid and self._room_to_keep(mine)
+            self._state_valid = keep
             self._await_keys(self._store, [schema_key(generation)])
             result = receive_state(
                 inner,
                 self._store,
                 self.env.token,
                 generation,
-                {"step": self.committed, "objects": own},
+                mine,
                 sources,
                 wait=self.guard.wait_works,
                 progress=lambda total: (
                     ByteProgress(f"torchrelay: rank {slot} receiving state", total).add
                 ),
                 prepared=prepared,
+                keep_own=keep,
             )
+            self._state_valid = False
             self.tracked.load(result.state["objects"], own)
             self.committed = int(result.state["step"])
             self._state_valid = True

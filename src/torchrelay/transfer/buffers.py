@@ -12,6 +12,13 @@ waiting spare runs a :class:`Prefault` thread that reads it and allocates, and w
 of, each tensor its own state lacks. The transfer takes those buffers (:meth:`Prefault.take`)
 instead of allocating.
 
+A survivor one step behind its peers (a laggard) receives too, and a transfer into its own
+tensors that fails half-way leaves it holding no valid state at all: if the transfer failed
+because its last source died, the job has no replica left although the laggard's own step was
+one step from the target. So a receiver with valid state receives into new memory when a copy
+of the state fits (:func:`room_for_a_copy`: at most half the memory free where it would land)
+and loads it only once every chunk is verified; otherwise it receives in place, as before.
+
 Failure behaviour: nothing here can make a transfer fail or change what it delivers. A layout
 that is missing, fails authentication or is malformed is ignored (the transfer allocates as
 before); a buffer the transfer's own sealed schema does not match is not used. A process that
@@ -23,6 +30,8 @@ from __future__ import annotations
 import atexit
 import datetime
 import threading
+from collections.abc import Callable
+from pathlib import Path as FilePath
 from typing import Any
 
 import torch
@@ -47,11 +56,58 @@ def fits(spec: TensorSpec, tensor: torch.Tensor | None) -> bool:
     )
 
 
+def landing(spec: TensorSpec, device: torch.device) -> torch.device:
+    """Where a new tensor for ``spec`` goes: where the sender keeps it (on this rank's GPU for a
+    GPU tensor, when it has one)."""
+    return device if spec.device == "cuda" and device.type == "cuda" else torch.device("cpu")
+
+
 def allocate(spec: TensorSpec, device: torch.device) -> torch.Tensor:
-    """A new tensor for ``spec`` where the sender keeps it (on this rank's GPU for a GPU tensor,
-    when it has one)."""
-    where = device if spec.device == "cuda" and device.type == "cuda" else torch.device("cpu")
-    return torch.empty(spec.shape, dtype=spec.dtype, device=where)
+    """A new tensor for ``spec``, at :func:`landing`."""
+    return torch.empty(spec.shape, dtype=spec.dtype, device=landing(spec, device))
+
+
+def free_bytes(device: torch.device) -> int | None:
+    """Memory a new allocation can take on ``device`` (None if unknown): for a GPU, the driver's
+    free memory plus what torch's caching allocator holds unused; for the host, the kernel's
+    ``MemAvailable``, capped by the cgroup's limit where there is one."""
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    try:
+        meminfo = FilePath("/proc/meminfo").read_text()
+        available = next(
+            int(line.split()[1]) * 1024
+            for line in meminfo.splitlines()
+            if line.startswith("MemAvailable:")
+        )
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
+    try:
+        limit = FilePath("/sys/fs/cgroup/memory.max").read_text().strip()
+        used = int(FilePath("/sys/fs/cgroup/memory.current").read_text())
+    except (OSError, ValueError):
+        return available
+    return available if limit == "max" else min(available, int(limit) - used)
+
+
+def room_for_a_copy(
+    state: Any,
+    device: torch.device,
+    free: Callable[[torch.device], int | None] = free_bytes,
+) -> bool:
+    """Whether a receiver can take ``state``'s tensors into new memory and keep its own intact:
+    the copy takes at most half of what is ``free`` where each tensor would land, so the
+    spike cannot starve the training that follows; not if the free memory is unknown."""
+    need: dict[torch.device, int] = {}
+    for spec in flatten(state)[2]:
+        where = landing(spec, device)
+        need[where] = need.get(where, 0) + spec.nbytes
+    for where, size in need.items():
+        available = free(where)
+        if available is None or 2 * size > available:
+            return False
+    return True
 
 
 def publish_layout(store: dist.Store, token: str, state: Any) -> None:

@@ -217,10 +217,12 @@ def receive_state(
     wait: WaitAll = wait_plain,
     progress: Progress | None = None,
     prepared: dict[Path, torch.Tensor] | None = None,
+    keep_own: bool = False,
 ) -> TransferResult:
-    """Receive the full state from the sources; tensors land in ``own_state``'s where they fit,
-    else in ``prepared``'s (by path; see :class:`torchrelay.transfer.buffers.Prefault`) where
-    they fit, else in new tensors.
+    """Receive the full state from the sources; tensors land in ``own_state``'s where they fit
+    (unless ``keep_own``: then ``own_state`` is never written, and is as it was if the transfer
+    fails), else in ``prepared``'s (by path; see :class:`torchrelay.transfer.buffers.Prefault`)
+    where they fit, else in new tensors.
 
     ``progress(total)``, if given, is made once the size is known and its result is called with
     each chunk's bytes as the chunk lands (see :class:`torchrelay.progress.ByteProgress`).
@@ -232,7 +234,7 @@ def receive_state(
     start = time.perf_counter()
     tree, specs, chunk_bytes, sidecar = _read_schema(store, token, generation)
     _, own_tensors, own_specs = flatten(own_state)
-    own = {spec.path: t for spec, t in zip(own_specs, own_tensors, strict=True)}
+    own = {} if keep_own else dict(zip((s.path for s in own_specs), own_tensors, strict=True))
     device = comm_device(pg)
     prepared = prepared or {}
     targets = [
