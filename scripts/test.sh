@@ -5,4 +5,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check src tests examples bench
-exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+# The slowest tests are listed at the end: where CI's time goes, run by run.
+exec .venv/bin/python -m pytest -q -p no:cacheprovider --durations=15 "$@"

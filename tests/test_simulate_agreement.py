@@ -23,7 +23,7 @@ from torchrelay.simulate import (
     scenario_from_dict,
 )
 from torchrelay.simulate.montecarlo import Z_95
-from torchrelay.simulate.params import merge
+from torchrelay.simulate.settings import merge
 
 LONG_RUN = {"simulation": {"replications": 60, "run_days": 1000, "seed": 0}}
 NO_SHORTAGE = {"spares": {"count": 100_000}}  # the closed form is exact without blocking

@@ -37,7 +37,9 @@ def _build_replica(seed: int, steps: int):
     return tracked, model, opt, sched
 
 
-def _transfer(ranks, chunk_bytes=256, corrupt=False, progress=None):
+def _from_two_sources(ranks, receive):
+    """Ranks 0 and 1 send the state after 3 steps to rank 2 in chunks of 256 bytes; rank 2 runs
+    ``receive(pg, store, token, sources)``; every rank's result."""
     store, token = dist.HashStore(), new_token()
     sources, receivers = [0, 1], [2]
 
@@ -45,7 +47,14 @@ def _transfer(ranks, chunk_bytes=256, corrupt=False, progress=None):
         if rank in sources:
             tracked, *_ = _replica(seed=0, steps=3)
             state = {"step": 3, "objects": tracked.state()}
-            return send_state(pg, store, token, 1, state, rank, sources, receivers, chunk_bytes)
+            return send_state(pg, store, token, 1, state, rank, sources, receivers, 256)
+        return receive(pg, store, token, sources)
+
+    return ranks(3, body)
+
+
+def _transfer(ranks, progress=None):
+    def receive(pg, store, token, sources):
         tracked, model, opt, sched = _replica(seed=99, steps=0)
         own = tracked.state()
         weight = model[0].weight
@@ -54,7 +63,7 @@ def _transfer(ranks, chunk_bytes=256, corrupt=False, progress=None):
         tracked.load(result.state["objects"], own)
         return result, tracked, model, opt, sched, weight
 
-    return ranks(3, body)
+    return _from_two_sources(ranks, receive)
 
 
 def test_fresh_receiver_gets_the_exact_state_in_place(ranks):
@@ -81,7 +90,7 @@ def test_the_receiver_reports_progress_chunk_by_chunk(ranks):
         totals.append(total)
         return landed.append
 
-    *_, (result, *_rest) = _transfer(ranks, chunk_bytes=256, progress=progress)
+    *_, (result, *_rest) = _transfer(ranks, progress=progress)
     assert totals == [result.bytes]  # made once, with the size to come
     assert sum(landed) == result.bytes and len(landed) > 2 and max(landed) <= 256
 
@@ -121,14 +130,8 @@ def test_the_sidecar_comes_from_the_lowest_source_only(ranks):
 def _laggard_receives(ranks, keep_own: bool, corrupt: bool):
     """A laggard (state one step behind, optimizer state present) receives from two sources;
     returns (its state's bytes before, after, whether the transfer failed, its model)."""
-    store, token = dist.HashStore(), new_token()
-    sources, receivers = [0, 1], [2]
 
-    def body(rank, pg):
-        if rank in sources:
-            tracked, *_ = _replica(seed=0, steps=3)
-            state = {"step": 3, "objects": tracked.state()}
-            return send_state(pg, store, token, 1, state, rank, sources, receivers, 256)
+    def receive(pg, store, token, sources):
         receiving.on = True
         tracked, model, *_ = _replica(seed=0, steps=2)
         own = tracked.state()
@@ -153,7 +156,7 @@ def _laggard_receives(ranks, keep_own: bool, corrupt: bool):
 
     engine._checksum = flaky
     try:
-        return ranks(3, body)[2]
+        return _from_two_sources(ranks, receive)[2]
     finally:
         engine._checksum = real
 

@@ -20,8 +20,9 @@ Contract:
   soaking (docs/benchmarks.md, "Seventh pass"): a killed worker's connections then close
   ~1 ms after the kill instead of 20-40 ms, so what it had sent but not yet delivered is
   lost more often, and survivors fall a step behind their peers more often (a plan has
-  fewer sources, and a second kill during its transfer can leave none); it stays off until
-  that costs nothing. On CUDA devices it is not yet checked against the driver on a GPU
+  fewer sources; a laggard keeps its own state through the transfer where a copy fits, see
+  :mod:`torchrelay.transfer.buffers`), and gloo's stuck sends are more frequent; it stays
+  off until that costs nothing. On CUDA devices it is not yet checked against the driver on a GPU
   (``scripts/gpu_check.sh`` does): the driver's mappings would live on in the holder;
 - one holder per process, started by :func:`torchrelay.init`; it is named
   ``torchrelay-hold`` (``ps -o comm``) and is a child of the worker, in its process group;

@@ -42,10 +42,10 @@ _LAZY = {
     "StrategySample": "montecarlo",
     "SweepPoint": "sweep",
     "closed_form": "analytic",
-    "load_scenario": "params",
+    "load_scenario": "settings",
     "measure_run": "measured",
     "monte_carlo": "montecarlo",
-    "scenario_from_dict": "params",
+    "scenario_from_dict": "settings",
     "sweep": "sweep",
 }
 __all__ = sorted(_LAZY)

@@ -13,7 +13,8 @@ from torchrelay.simulate import presets
 from torchrelay.simulate.analytic import Model, closed_form
 from torchrelay.simulate.errors import ScenarioError
 from torchrelay.simulate.measured import RunMeasurement, measure_run
-from torchrelay.simulate.params import Scenario, merge, read_settings, scenario_from_dict
+from torchrelay.simulate.params import Scenario
+from torchrelay.simulate.settings import merge, read_settings, scenario_from_dict
 
 EXIT_BAD_INPUT = 2
 
