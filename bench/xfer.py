@@ -9,7 +9,10 @@ barrier to the end of the load. Repeats alternate two modes: ``baseline`` (the s
 into memory it allocates then; each source hashes its stripe while it sends) and ``prepared``
 (what the runtime does: the spare's buffers come from a :class:`Prefault` that finished while it
 waited; each source hashed its chunks for up to ``HALT_S`` before the transfer, as a survivor
-does while the failure is detected and planned for). Each round ends with the floor: rank 0
+does while the failure is detected and planned for). With ``--laggard``, a third mode:
+``laggard``, a receiver that holds the whole state one step behind and receives beside it
+(``keep_own``, as the runtime does where a copy fits, see :mod:`torchrelay.transfer.buffers`),
+all of it into memory it allocates then. Each round ends with the floor: rank 0
 and the spare, in a 2-rank gloo group, broadcast one flat tensor of the same bytes into a tensor
 that already exists (``bench/probe.py``'s yardstick; warmed up once). Efficiency is floor /
 transfer within each round (median and range over rounds): the three figures of a round are
@@ -50,8 +53,19 @@ def _model(mb: float) -> Any:
     return torch.nn.Sequential(*(torch.nn.Linear(hidden, hidden) for _ in range(4)))
 
 
+MODES = ("baseline", "prepared")
+LAGGARD = "laggard"
+
+
 def _worker(
-    rank: int, world: int, host: str, port: int, mb: float, repeats: int, out: Path
+    rank: int,
+    world: int,
+    host: str,
+    port: int,
+    mb: float,
+    repeats: int,
+    out: Path,
+    modes: tuple[str, ...],
 ) -> None:
     import torch
     import torch.distributed as dist
@@ -77,11 +91,11 @@ def _worker(
         publish_layout(store, TOKEN, {"step": 1, "objects": tracked.state()})
     pair = _pair(store, rank, spare, timeout)
     floor_buffer: Any = None
-    seconds: dict[str, list[float]] = {"baseline": [], "prepared": [], "broadcast": []}
+    seconds: dict[str, list[float]] = {mode: [] for mode in (*modes, "broadcast")}
     generation = 0
-    # Each round: the two ways of receiving, then the floor, so that all three see one load.
+    # Each round: the ways of receiving, then the floor, so that all of them see one load.
     for _round in range(repeats):
-        for mode in ("baseline", "prepared"):
+        for mode in modes:
             generation += 1
             prepared, ready = None, None
             if rank == spare:  # a fresh spare: an optimizer that has never stepped
@@ -92,6 +106,9 @@ def _worker(
                     prefault = Prefault(f"{host}:{port}", TOKEN, own, torch.device("cpu"))
                     assert prefault.finished(timeout=300)
                     prepared = prefault.take()
+                if mode == LAGGARD:  # it holds a stepped optimizer's state: a whole replica
+                    model(torch.ones(2, model[0].in_features)).sum().backward()
+                    opt.step()
             own = tracked.state()
             if rank != spare and mode == "prepared":
                 # What a survivor does from its halt to the transfer: about HALT_S (ledger).
@@ -102,7 +119,14 @@ def _worker(
             if rank == spare:
                 state = {"step": 0, "objects": own}
                 result = receive_state(
-                    pg, store, TOKEN, generation, state, sources, prepared=prepared
+                    pg,
+                    store,
+                    TOKEN,
+                    generation,
+                    state,
+                    sources,
+                    prepared=prepared,
+                    keep_own=mode == LAGGARD,
                 )
                 tracked.load(result.state["objects"], own)
                 seconds[mode].append(time.perf_counter() - start)
@@ -147,13 +171,16 @@ def measure(
     repeats: int = 3,
     timeout_s: float = 600.0,
     links: HostLinks | None = None,
+    laggard: bool = False,
 ) -> dict:
     """One run: ``sources`` replicas send ~``mb`` MB of state to a fresh spare ``repeats``
     rounds; returns the spare's figures (see the module docstring).
 
     With ``links``, source ``k`` runs on ``links``' emulated host ``k`` (its own capped link,
     :mod:`bench.hostlinks`) and the spare on the receiver's side; else all run on loopback.
+    ``laggard`` adds the mode of that name.
     """
+    modes = (*MODES, LAGGARD) if laggard else MODES
     world, port = sources + 1, free_port()
     env = worker_env(MALLOC_MMAP_THRESHOLD_=str(128 * 1024))
     host = "127.0.0.1" if links is None else links.address(0)
@@ -161,7 +188,7 @@ def measure(
         out = Path(tmp) / "xfer.json"
         deadline = time.monotonic() + timeout_s
         args = ["--world", str(world), "--host", host, "--port", str(port), "--mb", str(mb)]
-        args += ["--repeats", str(repeats), "--out", str(out)]
+        args += ["--repeats", str(repeats), "--out", str(out), "--modes", ",".join(modes)]
         command = [sys.executable, "-m", "bench.xfer", *args]
         children = [
             procs.start(
@@ -177,7 +204,7 @@ def measure(
         result = json.loads(out.read_text())
     floor = result["seconds"]["broadcast"]
     result["broadcast_median_s"] = statistics.median(floor)
-    for mode in ("baseline", "prepared"):
+    for mode in modes:
         times = result["seconds"][mode]
         ratios = sorted(f / t for f, t in zip(floor, times, strict=True))  # per round
         result[mode] = {
@@ -207,14 +234,19 @@ def main() -> None:
     parser.add_argument("--mb", type=float, default=15.0, help="state size, MB")
     parser.add_argument("--sources", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--modes", default=",".join(MODES), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--laggard", action="store_true", help="also time a laggard's receive beside its state"
+    )
     a = parser.parse_args()
     if a.rank is not None:
-        _worker(a.rank, a.world, a.host, a.port, a.mb, a.repeats, a.out)
+        modes = tuple(a.modes.split(","))
+        _worker(a.rank, a.world, a.host, a.port, a.mb, a.repeats, a.out, modes)
         return
-    r = measure(a.mb, a.sources, a.repeats)
+    r = measure(a.mb, a.sources, a.repeats, laggard=a.laggard)
     floor = ", ".join(f"{x * 1e3:.1f}" for x in r["seconds"]["broadcast"])
     print(f"{r['bytes'] / 1e6:.1f} MB from {r['sources']} source(s): gloo broadcast ms {floor}")
-    for mode in ("baseline", "prepared"):
+    for mode in (*MODES, LAGGARD) if a.laggard else MODES:
         times = ", ".join(f"{x * 1e3:.1f}" for x in r["seconds"][mode])
         low, high = r[mode]["efficiency_range"]
         print(

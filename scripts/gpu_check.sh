@@ -83,6 +83,9 @@ print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torc
 if torch.cuda.is_available():
     print("device", torch.cuda.get_device_name(0), "count", torch.cuda.device_count())
     print("nccl", ".".join(map(str, torch.cuda.nccl.version())))
+    from torchrelay.transfer.buffers import free_bytes  # what a laggard's copy may take
+    print("free bytes: cuda:0", free_bytes(torch.device("cuda:0")),
+          "host", free_bytes(torch.device("cpu")))
 EOF2
 }
 
