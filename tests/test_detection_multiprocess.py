@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import require_built
-from tests.jobs import assert_bitwise_equal, run_job
+from tests.jobs import assert_bitwise_equal, injected_failures, run_job
 from torchrelay.chaos import random_schedule
 from torchrelay.stack_dump import END
 
@@ -19,7 +19,7 @@ def _assert_clean_recoveries(job, failures: int) -> dict:
     assert job.returncode == 0, job.output
     summary = job.summary()
     assert summary["status"] == "succeeded"
-    assert len(summary["failures"]) == failures
+    assert len(injected_failures(summary)) == failures
     assert all(f["recovered"] and f["lost_steps"] == 0 for f in summary["failures"])
     assert all(f["recomputed_steps"] <= 1 for f in summary["failures"])
     return summary
@@ -31,7 +31,7 @@ def test_stopped_worker_is_detected_by_silence_fenced_and_replaced(tmp_path, ref
     )
     summary = _assert_clean_recoveries(job, failures=1)
     assert_bitwise_equal(job.weights(), reference_weights(STEPS))
-    (failure,) = summary["failures"]
+    (failure,) = injected_failures(summary)
     assert "heartbeat silent" in failure["detected_by"] and failure["cause"] == "SIGKILL"
     assert summary["hangs_detected"] == 1
     # The stall includes the silence before detection (at least the 2 s hang timeout); the
@@ -43,7 +43,7 @@ def test_worker_frozen_in_a_gil_holding_call_is_detected_by_silence(tmp_path, re
     job = run_job(tmp_path, chaos=("freeze:rank=2:step=5",), steps=STEPS, launcher_args=FAST_HANG)
     summary = _assert_clean_recoveries(job, failures=1)
     assert_bitwise_equal(job.weights(), reference_weights(STEPS))
-    (failure,) = summary["failures"]
+    (failure,) = injected_failures(summary)
     assert failure["rank"] == 2 and "heartbeat silent" in failure["detected_by"]
 
 
@@ -81,7 +81,7 @@ def test_a_loss_during_set_up_is_recovered(tmp_path, reference_weights, lost):
     job = run_job(tmp_path, spares=1, steps=STEPS, script_args=("--die-in-setup", str(lost)))
     summary = _assert_clean_recoveries(job, failures=1)
     assert_bitwise_equal(job.weights(), reference_weights(STEPS), job)
-    (failure,) = summary["failures"]
+    (failure,) = injected_failures(summary)
     assert failure["rank"] == lost and failure["step"] == 0
     (planned,) = [e for e in job.ledger() if e["event"] == "recovery_planned"]
     source = min({0, 1, 2} - {lost})
@@ -157,7 +157,7 @@ def test_stalled_worker_that_still_heartbeats_is_fenced_and_replaced(tmp_path, r
     job = run_job(tmp_path, chaos=("stall:rank=1:step=4",), steps=STEPS, launcher_args=FAST_HANG)
     summary = _assert_clean_recoveries(job, failures=1)
     assert_bitwise_equal(job.weights(), reference_weights(STEPS))
-    (failure,) = summary["failures"]
+    (failure,) = injected_failures(summary)
     assert failure["kind"] == "stall" and failure["rank"] == 1
     assert "without waiting on a collective" in failure["detected_by"]
     # Its heartbeats never stopped: only the step-progress rule could see it.
@@ -177,7 +177,7 @@ def test_collective_that_never_returns_is_cured_by_reforming_the_same_members(
     job = run_job(tmp_path, chaos=("drop:rank=0:step=4",), steps=STEPS, launcher_args=FAST_HANG)
     summary = _assert_clean_recoveries(job, failures=1)
     assert_bitwise_equal(job.weights(), reference_weights(STEPS))
-    (failure,) = summary["failures"]
+    (failure,) = injected_failures(summary)
     assert failure["kind"] == "collective" and failure["rank"] is None
     assert failure["recomputed_steps"] == 1 and failure["bytes_transferred"] == 0
     (planned,) = [e for e in job.ledger() if e["event"] == "recovery_planned"]
