@@ -204,6 +204,7 @@ def measure(
         result = json.loads(out.read_text())
     floor = result["seconds"]["broadcast"]
     result["broadcast_median_s"] = statistics.median(floor)
+    result["modes"] = list(modes)
     for mode in modes:
         times = result["seconds"][mode]
         ratios = sorted(f / t for f, t in zip(floor, times, strict=True))  # per round
@@ -246,7 +247,7 @@ def main() -> None:
     r = measure(a.mb, a.sources, a.repeats, laggard=a.laggard)
     floor = ", ".join(f"{x * 1e3:.1f}" for x in r["seconds"]["broadcast"])
     print(f"{r['bytes'] / 1e6:.1f} MB from {r['sources']} source(s): gloo broadcast ms {floor}")
-    for mode in (*MODES, LAGGARD) if a.laggard else MODES:
+    for mode in r["modes"]:
         times = ", ".join(f"{x * 1e3:.1f}" for x in r["seconds"][mode])
         low, high = r[mode]["efficiency_range"]
         print(

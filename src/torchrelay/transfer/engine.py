@@ -233,8 +233,10 @@ def receive_state(
     """
     start = time.perf_counter()
     tree, specs, chunk_bytes, sidecar = _read_schema(store, token, generation)
-    _, own_tensors, own_specs = flatten(own_state)
-    own = {} if keep_own else dict(zip((s.path for s in own_specs), own_tensors, strict=True))
+    own: dict[Path, torch.Tensor] = {}
+    if not keep_own:
+        _, own_tensors, own_specs = flatten(own_state)
+        own = {spec.path: t for spec, t in zip(own_specs, own_tensors, strict=True)}
     device = comm_device(pg)
     prepared = prepared or {}
     targets = [
