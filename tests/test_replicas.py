@@ -91,17 +91,25 @@ class Counter:
 def test_agreement_check_names_the_object_that_differs(ranks):
     def body(rank, pg):
         check = AgreementCheck()
-        assert check.due(generation=0)
         states = {"model": {"w": torch.ones(2)}, "counter": Counter(float(rank)).state_dict()}
         first = check.run(pg, CPU, states, step=0, complete=lambda: True)
         again = check.run(pg, CPU, states, step=1, complete=lambda: True)
-        return first, again, check.due(generation=0), check.due(generation=1)
+        return first, again
 
-    for first, again, due_same, due_next in ranks(3, body):
+    for first, again in ranks(3, body):
         assert first == {"counter": [[0], [1], [2]]}
         assert again == {}  # reported once
-        assert not due_same  # two checks per generation
-        assert due_next  # and again in the next one
+
+
+def test_agreement_check_is_due_after_the_jobs_first_two_commits_and_a_plans_second():
+    check = AgreementCheck()
+    assert [check.due(generation=0) for _ in range(4)] == [True, True, False, False]
+    # A recovery's generation: its first commit ends the recomputed step (the stall), and the
+    # transfer has verified every byte; one check, at the second.
+    check.planned(1)
+    assert [check.due(generation=1) for _ in range(3)] == [False, True, False]
+    # A generation no plan started (the first one a process binds) is checked from its start.
+    assert [check.due(generation=2) for _ in range(2)] == [True, True]
 
 
 def test_agreement_check_refuses_ranks_at_different_steps(ranks):
