@@ -1,7 +1,9 @@
 """Data order is a pure function of (seed, epoch, step, rank): exactly once after recovery."""
 
+import random
 from itertools import islice
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
@@ -62,6 +64,26 @@ def _sampler_loader(world: int = 3):
     # Built as a spare builds it: rank 0, whatever slot it takes later.
     sampler = DistributedSampler(data, num_replicas=world, rank=0, shuffle=True, seed=4)
     return DataLoader(data, batch_size=4, sampler=sampler)
+
+
+class Noisy(TensorDataset):
+    """An augmentation drawn where the loader fetches: in its workers."""
+
+    def __getitem__(self, index):
+        (x,) = super().__getitem__(index)
+        return x + torch.rand(()) + float(np.random.rand()) + random.random()
+
+
+def test_a_loader_with_workers_resumed_mid_epoch_augments_each_batch_as_before():
+    def loader() -> DataLoader:
+        data = Noisy(torch.arange(100).float())
+        sampler = DistributedSampler(data, num_replicas=3, rank=0, shuffle=True, seed=4)
+        return DataLoader(data, batch_size=4, sampler=sampler, num_workers=2)
+
+    whole = [b.tolist() for b in islice(sampler_loader(loader(), 2, 0), 14)]
+    # Batch 11 goes to the other worker, fresh, instead of the one that fetched 9 batches.
+    resumed = [b.tolist() for b in islice(sampler_loader(loader(), 2, 11), 3)]
+    assert resumed == whole[11:14]
 
 
 def test_distributed_sampler_loader_resumes_mid_epoch_with_its_slot_rank():

@@ -65,6 +65,21 @@ def test_ported_script_survives_a_kill_bitwise_and_keeps_rank_local_state(tmp_pa
     assert not [e for e in job.ledger() if e["event"] == "warning"]
 
 
+def test_a_loader_with_workers_that_augments_survives_a_kill_bitwise(tmp_path):
+    """DataLoader(num_workers=2) over a dataset that draws random noise per sample: after the
+    kill every rank's loader restarts mid-epoch, and each batch is augmented as it was."""
+    workers = ("--loader-workers", "2")
+    ref = run_job(tmp_path / "ref", script=SCRIPT, spares=0, steps=STEPS, script_args=workers)
+    assert ref.returncode == 0, ref.output
+    chaos = ("kill:rank=1:step=5",)
+    job = run_job(
+        tmp_path / "kill", script=SCRIPT, spares=1, steps=STEPS, script_args=workers, chaos=chaos
+    )
+    assert job.returncode == 0, job.output
+    assert job.summary()["zero_loss_recoveries"] == 1
+    assert_bitwise_equal(job.weights(), ref.weights(), job)
+
+
 def test_a_script_resuming_from_its_own_snapshot_starts_there_and_spares_do_not_load_it(
     tmp_path, reference
 ):

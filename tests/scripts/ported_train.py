@@ -22,12 +22,37 @@ parser.add_argument("--steps", type=int, default=10)
 parser.add_argument("--out", default=None)
 parser.add_argument("--snapshot", default=None, help="resume from / save to this file")
 parser.add_argument("--replicated-counter", action="store_true", help="a misuse, to be reported")
+parser.add_argument(
+    "--loader-workers", type=int, default=0, help="load with this many workers, augmenting"
+)
 args = parser.parse_args()
+
+
+class Jitter(torch.utils.data.Dataset):
+    """A random augmentation, drawn where the loader fetches (in its workers, if any)."""
+
+    def __init__(self, base):
+        self.base = base
+
+    def __len__(self):
+        return len(self.base)
+
+    def __getitem__(self, index):
+        x, y = self.base[index]
+        return x + 0.1 * torch.randn_like(x), y
+
 
 relay = torchrelay.init(seed=5)
 dist.init_process_group("gloo")  # left in from the torchrun version: does nothing
 data = TensorDataset(torch.randn(96, 16), torch.randn(96, 4))
-loader = DataLoader(data, batch_size=8, sampler=DistributedSampler(data, shuffle=True, seed=3))
+if args.loader_workers:
+    data = Jitter(data)
+loader = DataLoader(
+    data,
+    batch_size=8,
+    sampler=DistributedSampler(data, shuffle=True, seed=3),
+    num_workers=args.loader_workers,
+)
 net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Dropout(0.1), torch.nn.Linear(32, 4))
 model = DDP(net, process_group=relay.process_group)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-2)

@@ -10,12 +10,23 @@ A script that brings its own ``DataLoader`` over a ``DistributedSampler`` keeps 
 a function of ``(sampler seed, epoch, rank)`` too, so :func:`sampler_loader` maps a step onto
 ``(epoch, batch within the epoch)``, sets the sampler's epoch and rank (a spare built it before
 it had a slot) and starts the epoch at that batch without loading the ones before it.
+
+A loader with workers (``num_workers > 0``) would still draw its random augmentations from
+each worker's RNG, which is seeded once when the worker starts and advanced by every batch that
+worker fetched before: restarted mid-epoch, batch ``b`` goes to another worker, in another
+state, and gets other augmentations than in the run without the failure. So each batch is
+fetched with torch's, ``random``'s and NumPy's global RNGs seeded from ``(sampler seed, epoch,
+rank, batch)`` (:class:`SeededFetch`): its augmentations are the same whichever worker fetches
+it, and whenever. An augmentation that keeps an RNG of its own (one made in ``worker_init_fn``)
+is not reached. Without workers the batch is fetched in the training process, right after the
+step's own seeding, which already makes it a function of the step.
 """
 
 from __future__ import annotations
 
 import copy
 import itertools
+import random
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -129,8 +140,13 @@ def sampler_loader(
         epoch, offset = divmod(step, per_epoch)
         sampler.set_epoch(epoch)
         batches = list(BatchSampler(sampler, loader.batch_size, loader.drop_last))[offset:]
+        dataset: Any = loader.dataset
+        if loader.num_workers > 0:
+            dataset = SeededFetch(loader.dataset)
+            keys = [(sampler.seed, epoch, rank, offset + i) for i in range(len(batches))]
+            batches = [[(key, i) for i in b] for key, b in zip(keys, batches, strict=True)]
         yield from DataLoader(
-            loader.dataset,
+            dataset,
             batch_sampler=batches,
             # A DataLoader draws its workers' base seed when it starts: from the global RNG
             # (re-seeded every step: the dropout masks would depend on where a recovery
@@ -143,3 +159,27 @@ def sampler_loader(
             timeout=loader.timeout,
         )
         step += len(batches)
+
+
+class SeededFetch(Dataset[Any]):
+    """A map-style dataset whose batches are fetched with the global RNGs seeded from the
+    batch's key (see the module doc). Its batch sampler yields, per batch, ``(key, index)``
+    pairs with one key: ``(sampler seed, epoch, rank, batch within the epoch)``."""
+
+    def __init__(self, dataset: Dataset[Any]) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, keyed: tuple[tuple[int, ...], int]) -> Any:
+        return self.__getitems__([keyed])[0]
+
+    def __getitems__(self, keyed: list[tuple[tuple[int, ...], int]]) -> list[Any]:
+        words = np.random.SeedSequence(list(keyed[0][0])).generate_state(2, dtype=np.uint32)
+        torch.manual_seed(int(words[0]) << 32 | int(words[1]))
+        random.seed(int(words[0]))
+        np.random.seed(int(words[1]))
+        indices = [index for _, index in keyed]
+        fetch = getattr(self.dataset, "__getitems__", None)
+        return list(fetch(indices)) if fetch else [self.dataset[i] for i in indices]
