@@ -14,7 +14,8 @@
 #      GPU), once failure-free and twice with rank 1 SIGKILLed in its backward pass and rank 0 in
 #      its forward: with workers forked from the node's template, and with fresh interpreters
 #      (--no-template); each run's final weights compared bit for bit with the failure-free
-#      run's, the recoveries' timelines read from the ledger;
+#      run's, the recoveries' timelines read from the ledger, and no warning in it (the
+#      replicated-state check digests CUDA tensors on the GPU: runtime/replicas.block_sums);
 #   5. the same with a larger model (GPU_CHECK_LARGE, "dim layers heads": 1024 8 16, about
 #      0.1 G parameters, 1.3 GB of weights and optimizer state), one kill;
 #   6. NCCL: the same script, one worker on GPU 0 with the non-blocking NCCL communicator (a
@@ -177,6 +178,9 @@ for line in open(sys.argv[3]):
         print({k: event.get(k) for k in keep}, ms)
     if event["event"] == "job_end":
         print("job_end", event["status"], "steps", event["steps_committed"])
+    if event["event"] == "warning":  # replicated_state_differs: the on-GPU digest disagreed
+        print("warning", event["what"], event["objects"], event["step"])
+        differ.append(event["what"])
 sys.exit(1 if differ or set(clean) != set(other) else 0)
 EOF2
 }

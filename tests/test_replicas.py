@@ -11,9 +11,11 @@ import torch
 from torchrelay.runtime.facade import StableProcessGroup
 from torchrelay.runtime.guard import StepGuard
 from torchrelay.runtime.replicas import (
+    BLOCK_WORDS,
     AgreementCheck,
     LocalMirror,
     all_gather_bytes,
+    block_sums,
     decode,
     describe,
     digest,
@@ -270,3 +272,24 @@ def test_a_replacements_mirror_matches_the_survivors_in_the_next_generation(rank
             {"v": "x" * 100},
             {"v": "y"},
         ]
+
+
+def test_block_sums_change_with_any_word_and_with_blocks_moved():
+    words = BLOCK_WORDS * 3
+    base = torch.arange(words + 3, dtype=torch.int32).view(torch.uint8)[: 4 * words + 7]
+    sums = block_sums(base)
+    assert sums.dtype == torch.int64 and sums.numel() == 3 + 7  # 3 blocks, 7 trailing bytes
+    assert torch.equal(sums, block_sums(base.clone()))
+    for index in (0, 4 * BLOCK_WORDS + 5, base.numel() - 1):  # a block's word, a trailing byte
+        changed = base.clone()
+        changed[index] ^= 1
+        assert not torch.equal(block_sums(changed), sums)
+    moved = base.clone().view(-1)
+    moved[: 4 * BLOCK_WORDS], moved[4 * BLOCK_WORDS : 8 * BLOCK_WORDS] = (
+        base[4 * BLOCK_WORDS : 8 * BLOCK_WORDS],
+        base[: 4 * BLOCK_WORDS],
+    )
+    assert not torch.equal(block_sums(moved), sums)
+    # A half-precision view at an odd element: its bytes are not 4-aligned in the storage.
+    halves = torch.arange(2 * words + 1, dtype=torch.float16)
+    assert torch.equal(block_sums(halves[1:]), block_sums(halves[1:].clone()))
