@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import BatchSampler, DistributedSampler
 
 from tests.jobs import cli
-from torchrelay.cli import run as run_cli
+from torchrelay.cli import run_checks
 from torchrelay.config import JobConfig
 from torchrelay.control.claims import OPEN_ENDED, judge_claim
 from torchrelay.transparent import sampler
@@ -123,11 +123,11 @@ def test_no_criu_is_refused_in_one_line(monkeypatch, capsys) -> None:
     def missing() -> None:
         raise CriuUnavailable("transparent mode needs CRIU >= 4.1 (no criu found): run setup")
 
-    monkeypatch.setattr(run_cli, "find_criu", missing)
+    monkeypatch.setattr(run_checks, "find_criu", missing)
     config = JobConfig(script="train.py", script_args=[], nproc_per_node=2, run_dir=Path("r"))
     config.spares, config.transparent = 0, True
     with pytest.raises(SystemExit) as exited:
-        run_cli._check_transparent(config, resume=False)
+        run_checks.check_transparent(config, resume=False)
     assert exited.value.code == 2
     assert capsys.readouterr().err == (
         "torchrelay run: transparent mode needs CRIU >= 4.1 (no criu found): run setup\n"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import time
@@ -16,13 +15,17 @@ from torchrelay.chaos import ChaosSpecError, parse_schedule
 from torchrelay.cli import elastic as elastic_flags
 from torchrelay.cli import pool as pool_flags
 from torchrelay.cli.checkpoint_flags import checkpoint_every, choose_resume, export_key
+from torchrelay.cli.run_checks import (
+    check_durations,
+    check_state_store,
+    check_transparent,
+    health_poll,
+)
 from torchrelay.config import JobConfig
-from torchrelay.control.store import StoreError, StoreSpec, open_backend, parse_store_url
+from torchrelay.control.store import StoreError, parse_store_url
 from torchrelay.health.policy import HealthPolicy, PolicyError, load_policy
 from torchrelay.health.poller import DEFAULT_INTERVAL as DEFAULT_HEALTH_POLL
 from torchrelay.report.summary import render_text, summarize
-from torchrelay.transparent.criu import CriuUnavailable, find_criu
-from torchrelay.transparent.launch import refusal
 
 MAX_PROCESSES = 256
 """Upper bound on ``--nproc-per-node`` and on ``--spares``: each is a Python process holding a
@@ -226,7 +229,7 @@ def config_from_args(
             f"torchrelay run: --nproc-per-node must be in [1, {MAX_PROCESSES}] and --spares in "
             f"[0, {MAX_PROCESSES}] (one process each; got {args.nproc_per_node} and {args.spares})"
         )
-    _check_durations(args)
+    check_durations(args)
     host, _, port = endpoint.rpartition(":")
     if not host or not port.isdigit() or int(port) > 65535:
         raise SystemExit(
@@ -282,7 +285,7 @@ def config_from_args(
         stream_output=not args.quiet,
         state=state,
         metrics_port=args.metrics_port,
-        health_poll=_health_poll(args.health_poll),
+        health_poll=health_poll(args.health_poll),
         drain_stragglers=args.drain_stragglers,
         health_policy=policy,
         checkpoint_dir=args.checkpoint_dir,
@@ -293,72 +296,15 @@ def config_from_args(
         transparent=args.transparent,
     )
     if config.transparent:
-        _check_transparent(config, args.resume)
+        check_transparent(config, args.resume)
     return config
-
-
-def _check_transparent(config: JobConfig, resume: bool) -> None:
-    """``--transparent`` with options it cannot honour, or without a working CRIU (a crash
-    could not be cured): one line, exit status 2."""
-    reason = refusal(config, resume)
-    if reason is None:
-        try:
-            find_criu()
-        except CriuUnavailable as exc:
-            reason = str(exc)
-    if reason is not None:
-        print(f"torchrelay run: {reason}", file=sys.stderr)
-        raise SystemExit(2)
-
-
-def _health_poll(seconds: float | None) -> float:
-    """``--health-poll``: on by default where NVIDIA's driver is (its device node exists)."""
-    if seconds is None:
-        return DEFAULT_HEALTH_POLL if Path("/dev/nvidiactl").exists() else 0.0
-    if not (math.isfinite(seconds) and seconds >= 0):
-        raise SystemExit(f"torchrelay run: --health-poll must be seconds >= 0, not {seconds}")
-    return seconds
-
-
-def _check_durations(args: argparse.Namespace) -> None:
-    """Timeouts are finite and positive, ``--max-restarts`` not negative, ``--metrics-port`` a
-    port or 0; else one line."""
-    for flag in ("spare_timeout", "halt_timeout", "hang_floor", "node_timeout"):
-        value = getattr(args, flag)
-        if not (math.isfinite(value) and value > 0):
-            option = "--" + flag.replace("_", "-")
-            raise SystemExit(
-                f"torchrelay run: {option} must be a number of seconds > 0, not {value}"
-            )
-    if not 0 <= args.metrics_port <= 65535:
-        raise SystemExit(
-            f"torchrelay run: --metrics-port must be in 1..65535 (0: no metrics), not "
-            f"{args.metrics_port}"
-        )
-    if args.drain_stragglers < 0:
-        raise SystemExit(
-            f"torchrelay run: --drain-stragglers must be >= 0, not {args.drain_stragglers}"
-        )
-    if args.max_restarts < 0:
-        raise SystemExit(f"torchrelay run: --max-restarts must be >= 0, not {args.max_restarts}")
-
-
-def _check_state_store(spec: StoreSpec) -> None:
-    """Reach the state store once, before anything starts; else one line and exit."""
-    try:
-        with open_backend(spec) as backend:
-            backend.check()
-    except StoreError as exc:
-        raise SystemExit(
-            f"torchrelay run: --state {spec}: {exc} (start etcd there, or use --state memory)"
-        ) from None
 
 
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     if not Path(config.script).is_file():
         raise SystemExit(f"torchrelay run: script {config.script!r} not found")
-    _check_state_store(config.state)
+    check_state_store(config.state)
     export_key(config, args.resume)
     if args.resume:
         config.resume = choose_resume(config)

@@ -21,9 +21,7 @@ from torchrelay.config import JobConfig
 from torchrelay.control import (
     departures,
     drills,
-    elastic,
     endings,
-    handover,
     liveness,
     membership,
     nodes,
@@ -36,6 +34,7 @@ from torchrelay.control.errors import FencedError, ProtocolError
 from torchrelay.control.executor import AgentHandle, Executor
 from torchrelay.control.health_intake import HealthIntake
 from torchrelay.control.job_view import describe_job
+from torchrelay.control.operator_side import OperatorSide
 from torchrelay.control.outbox import Outbox
 from torchrelay.control.persistence import StatePersister
 from torchrelay.control.pool_side import PoolSide
@@ -60,7 +59,7 @@ from torchrelay.ledger import Ledger
 __all__ = ["AgentHandle", "Controller", "FencedError", "ProtocolError"]
 
 
-class Controller(Coordinator, PoolSide):
+class Controller(Coordinator, PoolSide, OperatorSide):
     """Membership, generations and recovery for one job (see DESIGN.md, invariants 1-6)."""
 
     def __init__(
@@ -352,59 +351,3 @@ class Controller(Coordinator, PoolSide):
         :mod:`torchrelay.control.health_intake`)."""
         with self._transition():
             self._apply(self._health.readings(self.job, node, readings, time.time()))
-
-    def inject(self, fault: str, target: str, seconds: float = 0.0) -> dict[str, Any]:
-        """An operator's drill (``torchrelay chaos``), carried out by the target's node agent.
-
-        ``kill`` and ``hang`` send SIGKILL / SIGSTOP to the process ``target``; ``partition``
-        and ``kill-node`` act on the node ``target`` (see :mod:`torchrelay.control.drills`).
-        A node drill returns once the node's agent said what it does, or after 10 s.
-        ``shrink`` releases the slot of process ``target`` (:meth:`release`); ``add-spare``
-        starts a spare (an --elastic job's hosted slot regrows onto it once it is ready).
-        """
-        if fault == "shrink":
-            with self._cond:
-                slots = [m.slot for m in self.job.slot_members() if m.process == target]
-            if not slots or slots[0] is None:
-                raise ProtocolError(f"{target} holds no slot of its own to release")
-            return self.release(slots[0])
-        with self._transition():
-            if fault == "drain":
-                return self._drain(target)
-            if fault == "add-spare":
-                actions, in_sight = elastic.add_spare(self.job)
-                self._apply(actions)
-                return {"spares_in_sight": in_sight, "hosted": sorted(self.job.hosted)}
-            if fault in drills.PROCESS_FAULTS:
-                self._apply(drills.inject_process(self.job, fault, target))
-                member = self.job.members[target]
-                return {"process": target, "node": member.node, "pid": member.pid}
-            self._apply(drills.inject_node(self.job, fault, target, seconds))
-            entry = self.job.nodes[target]
-            self._cond.wait_for(lambda: entry.chaos_notice is not None, timeout=10.0)
-            return {
-                "node": target,
-                "fault": fault,
-                "node_timeout": self.config.node_timeout,
-                "notice": entry.chaos_notice,
-            }
-
-    def _drain(self, target: str) -> dict[str, Any]:
-        """Hand the slot of process ``target``, or every slot of node ``target``, to spares
-        at a step boundary, or in a --transparent job move its worker into a CRIU copy (see
-        :mod:`torchrelay.control.handover`)."""
-        job, now = self.job, time.time()
-        slots = [m.slot for m in job.slot_members() if target in (m.node, m.process)]
-        if not slots:
-            raise ProtocolError(f"{target} holds no slot (processes and nodes can be drained)")
-        reason = f"drain of {target} asked by an operator"
-        self._apply(handover.request(job, slots, reason, now, now))  # type: ignore[arg-type]
-        return {"drain": target, "slots": slots}
-
-    def release(self, slot: int) -> dict[str, Any]:
-        """Give ``slot``'s process up at the next step boundary, a survivor hosting the slot
-        (an --elastic job; what a pool asks of a lender, see :mod:`torchrelay.control.elastic`).
-        :class:`ProtocolError` (one line) if refused."""
-        with self._transition():
-            self._apply(elastic.release(self.job, self.config, slot, time.time()))
-            return {"shrink": slot, "process": self.job.assignments[slot]}
