@@ -10,6 +10,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from torchrelay.runtime.data import (
     batch_indices,
+    epoch_length,
     loader_steps_per_epoch,
     sampler_loader,
     step_loader,
@@ -104,6 +105,14 @@ def test_distributed_sampler_loader_resumes_mid_epoch_with_its_slot_rank():
     }
     rank2 = {i for b in whole[:per_epoch] for i in b}
     assert not rank0 & rank2
+
+
+def test_the_epoch_length_of_what_steps_was_given():
+    assert epoch_length(None, None, world_size=2) is None  # relay.steps() with no dataset
+    assert epoch_length(TensorDataset(torch.zeros(64, 1)), 4, world_size=2) == 8
+    assert epoch_length(_sampler_loader(world=3), None, world_size=3) == 9
+    with pytest.raises(ValueError, match="needs batch_size"):
+        epoch_length(TensorDataset(torch.zeros(64, 1)), None, world_size=2)
 
 
 def test_a_loader_without_a_distributed_sampler_is_refused():

@@ -126,6 +126,18 @@ def loader_steps_per_epoch(loader: DataLoader[Any], world_size: int) -> int:
     return len(loader)
 
 
+def epoch_length(dataset: Any, batch_size: int | None, world_size: int) -> int | None:
+    """Steps per epoch of what ``relay.steps`` was given (``None``: no dataset); raises
+    ``ValueError`` saying what to change for a loader or a call it cannot drive."""
+    if dataset is None:
+        return None
+    if isinstance(dataset, DataLoader):
+        return loader_steps_per_epoch(dataset, world_size)
+    if batch_size is None:
+        raise ValueError("steps(dataset, ...) needs batch_size")
+    return steps_per_epoch(len(dataset), batch_size, world_size)
+
+
 def sampler_loader(
     loader: DataLoader[Any], rank: int, start_step: int, own: bool = True
 ) -> Iterator[Any]:

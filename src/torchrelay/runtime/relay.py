@@ -44,12 +44,7 @@ from torchrelay.runtime.allocator import keep_freed_memory
 from torchrelay.runtime.chaos_inject import ChaosInjection
 from torchrelay.runtime.checkpoint import Checkpointer, resume_from_environ
 from torchrelay.runtime.control_link import ControlLink, install_excepthook, posted_report_failed
-from torchrelay.runtime.data import (
-    loader_steps_per_epoch,
-    sampler_loader,
-    step_loader,
-    steps_per_epoch,
-)
+from torchrelay.runtime.data import epoch_length, sampler_loader, step_loader
 from torchrelay.runtime.ddp import fix_all_buckets, fix_buckets
 from torchrelay.runtime.devices import select_device
 from torchrelay.runtime.env import RelayEnv, host_pid
@@ -228,7 +223,7 @@ class Relay(ControlLink, Recovery, ChaosInjection, Parking):
         started by ``torchrelay run --resume`` loads its durable checkpoint of step ``S`` here
         and starts at ``S + 1`` (see :mod:`torchrelay.runtime.checkpoint`).
         """
-        self.steps_per_epoch = self._epoch_length(dataset, batch_size)
+        self.steps_per_epoch = epoch_length(dataset, batch_size, self.world_size)
         # The controller refuses any step claim beyond it (and a rank that disagrees).
         self._send(MaxSteps(max_steps=max_steps))
         fix_all_buckets(self.process_group)  # DDPs built over our group but not tracked
@@ -345,15 +340,6 @@ class Relay(ControlLink, Recovery, ChaosInjection, Parking):
             self.rank = own
             self.process_group.act_as(own)  # type: ignore[arg-type]
         self.tracked.restore(snapshot)
-
-    def _epoch_length(self, dataset: Any, batch_size: int | None) -> int | None:
-        if dataset is None:
-            return None
-        if isinstance(dataset, DataLoader):
-            return loader_steps_per_epoch(dataset, self.world_size)
-        if batch_size is None:
-            raise ValueError("steps(dataset, ...) needs batch_size")
-        return steps_per_epoch(len(dataset), batch_size, self.world_size)
 
     def _check_agreement(self, step: int) -> None:
         """Compare the replicated state across ranks (see :class:`AgreementCheck`)."""
