@@ -4,7 +4,10 @@ Runs torchrelay jobs with kills (``bench.config``'s small scenario by default: 3
 steps) alternately with this checkout's ``src`` and, if ``--baseline-src`` names one, another
 checkout's (``BENCH_SRC``, see :func:`bench.procs.worker_env`), ``--pairs`` times, and prints
 the median (min-max) of each ledger phase (detect, plan, communicator, transfer, first step),
-kill -> first step, the bench's stall per failure and the transfer's MB/s, for each tree.
+kill -> first step, the bench's stall per failure and the transfer's MB/s, for each tree, and
+the differences with their 95 % intervals: on this 2-core VM the interval of the total is
+about +-10 ms with 9 kills a tree (``--pairs 3``) and +-6 ms with 15 (bench/analysis.md,
+"Tenth pass").
 ``--resident-gib`` makes each worker hold that much more host memory, as real trainers do:
 what the kernel unmaps when one is killed.
 Both trees run the same worker scripts (this checkout's ``bench/workers``).
@@ -33,17 +36,38 @@ def _cell(values: list[float], scale: float = 1e3) -> str:
     return f"{s.median * scale:.1f} ({s.lo * scale:.1f}-{s.hi * scale:.1f})"
 
 
+def _samples(jobs: list[JobResult]) -> dict[str, list[float]]:
+    """Each phase's values (s), the stalls (s) and the transfer rates (B/s), per kill."""
+    phases = [p for j in jobs for p in j.phases]
+    samples = {name: [getattr(p, name) for p in phases] for name in PHASES}
+    samples["stall"] = [i.stall_s for j in jobs for i in j.impacts]
+    samples["rate"] = [p.transfer_bytes_per_s for p in phases]
+    return samples
+
+
 def table(results: dict[str, list[JobResult]]) -> str:
-    """A markdown table: one row per tree, phases in ms."""
+    """A markdown table: one row per tree, phases in ms; with two trees, a last row of the
+    differences of their medians with 95 % bootstrap intervals (``metrics.median_difference``):
+    a difference whose interval spans 0 is within this run's noise."""
     head = "| tree | " + " | ".join(f"{p} ms" for p in PHASES) + " | stall ms | MB/s | n |"
     rows = [head, "|" + "---|" * (len(PHASES) + 4)]
-    for tree, jobs in results.items():
-        phases = [p for j in jobs for p in j.phases]
-        stalls = [i.stall_s for j in jobs for i in j.impacts]
-        cells = [_cell([getattr(p, name) for p in phases]) for name in PHASES]
-        rate = _cell([p.transfer_bytes_per_s for p in phases], 1e-6)
-        rows.append(f"| {tree} | {' | '.join(cells)} | {_cell(stalls)} | {rate} | {len(phases)} |")
+    samples = {tree: _samples(jobs) for tree, jobs in results.items()}
+    for tree, sample in samples.items():
+        cells = [_cell(sample[name]) for name in (*PHASES, "stall")]
+        rate = _cell(sample["rate"], 1e-6)
+        rows.append(f"| {tree} | {' | '.join(cells)} | {rate} | {len(sample['total'])} |")
+    if len(samples) == 2:
+        mine, base = samples.values()
+        diffs = [_difference(mine[name], base[name]) for name in (*PHASES, "stall")]
+        rate = _difference(mine["rate"], base["rate"], 1e-6)
+        rows.append(f"| difference (95 % interval) | {' | '.join(diffs)} | {rate} | |")
     return "\n".join(rows)
+
+
+def _difference(a: list[float], b: list[float], scale: float = 1e3) -> str:
+    d = metrics.median_difference(a, b)
+    mark = "" if d.resolved else " (noise)"
+    return f"{d.median * scale:+.1f} [{d.lo * scale:+.1f}, {d.hi * scale:+.1f}]{mark}"
 
 
 def main() -> None:

@@ -126,3 +126,14 @@ def test_recovery_phases() -> None:
         (0.01, 0.01, 0.01, 0.05, 0.02, 0.1)
     )
     assert p.transfer_bytes_per_s == pytest.approx(1e8)
+
+
+def test_a_difference_of_medians_is_resolved_only_beyond_the_samples_noise() -> None:
+    noise = [(-1) ** i * (i % 7) * 1e-3 for i in range(15)]  # +-6 ms around each level
+    base = [0.060 + n for n in noise]
+    same = metrics.median_difference([0.060 + n for n in reversed(noise)], base)
+    assert same.median == 0.0 and same.lo <= 0.0 <= same.hi and not same.resolved
+    slower = metrics.median_difference([0.080 + n for n in noise], base)
+    assert slower.resolved and slower.lo <= 0.020 <= slower.hi
+    assert metrics.median_difference([0.080 + n for n in noise], base) == slower  # seeded
+    assert math.isnan(metrics.median_difference([], base).median)

@@ -1,0 +1,37 @@
+"""``python -m bench.stall``'s table: each tree's phases, then the difference of the two trees'
+medians with its 95 % interval, marked as noise when the interval spans 0."""
+
+from __future__ import annotations
+
+from bench import stall
+from bench.metrics import FailureImpact, RecoveryPhases
+from bench.runner import JobResult
+
+
+def _job(total_ms: list[float]) -> JobResult:
+    phases = [
+        RecoveryPhases(0.012, 0.004, 0.006, 0.012, t / 1e3 - 0.034, t / 1e3, 15_000_000)
+        for t in total_ms
+    ]
+    impacts = [FailureImpact(t / 1e3, t / 1e3, t / 1e3, 0, 1, 0) for t in total_ms]
+    return JobResult("torchrelay", "small", 0, len(total_ms), impacts=impacts, phases=phases)
+
+
+def test_two_trees_get_a_row_of_differences_that_says_which_are_noise():
+    shown = stall.table(
+        {
+            "this tree": [_job([60, 62, 58]), _job([61, 59, 63])],
+            "baseline": [_job([80, 82, 78]), _job([81, 79, 83])],
+        }
+    )
+    rows = shown.splitlines()
+    assert len(rows) == 5 and rows[2].startswith("| this tree | 12.0 (12.0-12.0) |")
+    difference = rows[4].split(" | ")
+    assert difference[0] == "| difference (95 % interval)"
+    assert difference[1] == "+0.0 [+0.0, +0.0] (noise)"  # detect: the same in both trees
+    assert difference[6].startswith("-20.0 [") and "noise" not in difference[6]  # total
+    assert difference[7].startswith("-20.0 [") and "noise" not in difference[7]  # stall
+
+
+def test_one_tree_gets_no_row_of_differences():
+    assert len(stall.table({"this tree": [_job([60, 61])]}).splitlines()) == 3
