@@ -10,6 +10,7 @@ import pytest
 from tests.fsm import Driver
 from torchrelay.control import handover, liveness, membership
 from torchrelay.control.actions import QuarantineDevice
+from torchrelay.control.claims import OPEN_ENDED
 from torchrelay.control.errors import ProtocolError
 from torchrelay.control.health_intake import HealthIntake
 from torchrelay.control.protocol import JoinRequest
@@ -160,3 +161,28 @@ def test_a_worker_killed_on_a_device_quarantines_it_and_an_exception_does_not(tm
     assert QuarantineDevice("node0", 1, "worker1 died on it (cause)") in killed
     crashed = driver.exit("worker2", 1)  # the script's own error: says nothing of the GPU
     assert not [a for a in crashed if isinstance(a, QuarantineDevice)]
+
+
+def test_a_handover_whose_boundary_the_training_never_reaches_is_abandoned_at_its_end(tmp_path):
+    """A --transparent job's length is its script's: the controller cannot refuse a boundary
+    past it. The ranks report their training done before the boundary; the handover is given
+    up and the job ends, instead of waiting for a step that never comes."""
+    driver = Driver(tmp_path, spares=1)
+    for slot in (0, 1):
+        driver.join(f"worker{slot}", slot=slot)
+        driver.report(f"worker{slot}", "max_steps", max_steps=OPEN_ENDED)  # as transparent
+        driver.report(f"worker{slot}", "progress", step=10, step_seconds=0.05)
+    driver.join("spare0", role="spare")
+    driver.report("spare0", "ready")
+    drain(driver, [1])
+    (start,) = driver.events("handover_start")
+    assert start["boundary"] == 27
+    driver.report("worker0", "done", step=20)
+    assert driver.advance() is None
+    (gave_up,) = driver.events("handover_abandoned")
+    assert gave_up["reason"] == (
+        "the training ended at step 20, before the handover's boundary (step 27)"
+    )
+    assert driver.job.recovery.current is None and driver.outcome() is None
+    driver.report("worker1", "done", step=20)
+    assert {"type": "finish"} in driver.sent("worker0") and not driver.events("recovery_planned")

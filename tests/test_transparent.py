@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -16,9 +17,11 @@ from tests.jobs import cli
 from torchrelay.cli import run_checks
 from torchrelay.config import JobConfig
 from torchrelay.control.claims import OPEN_ENDED, judge_claim
+from torchrelay.runtime.timing import StepTimer
 from torchrelay.transparent import sampler
 from torchrelay.transparent.boundary import Boundary
 from torchrelay.transparent.criu import CriuUnavailable
+from torchrelay.transparent.hook import TransparentWorker
 from torchrelay.transparent.launch import SITE_DIR, worker_environment
 
 
@@ -90,6 +93,18 @@ def test_voiding_restores_rng_buffers_and_drops_gradients() -> None:
 def test_an_open_ended_job_is_done_where_its_script_stopped() -> None:
     assert judge_claim("done", 41, OPEN_ENDED, None) is None
     assert judge_claim("done", 41, 100, None) is not None
+
+
+def test_a_finished_script_is_in_no_step_while_it_waits_for_the_jobs_end() -> None:
+    """The last commit began a step the script never runs; once the script's training ends,
+    no step is timed, or the controller would judge the rank stalled in it while the job's
+    end waits (a handover that lost its race with the end, in a slow-suite run)."""
+    timer = StepTimer()
+    timer.start()  # what the last commit did (TransparentWorker._commit -> _begin)
+    relay = SimpleNamespace(_current_step=7, timer=timer, _finish=lambda: True)
+    worker = SimpleNamespace(_finished=False, relay=relay)
+    TransparentWorker.finish(worker)  # type: ignore[arg-type]
+    assert timer.step_age() is None and relay._current_step is None and worker._finished
 
 
 def test_workers_get_the_site_directory_first_and_no_libuv() -> None:

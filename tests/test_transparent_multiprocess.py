@@ -33,10 +33,11 @@ from tests.snapshots import require_criu
 # 96 samples, 2 ranks, batches of 4: 12 batches per epoch, 3 epochs.
 PLAIN = ("plain_trainer.py",)
 PER_EPOCH = 12
-# Long enough (2400 steps of a few ms) for a drain asked after a recovery to find a boundary
-# (and for a kill asked after a recovery, then a drain after the next: measured here, loaded,
-# the drain was over 7 s into a job of 35 s with twice these epochs).
+# Long enough (2400 steps) for a drain's boundary (about 0.75 s of steps past the last report,
+# see control/handover.py) to fall inside the job after a hold (plain_trainer.py --hold) at
+# epoch HELD: the operators' commands wait for no step count, the job waits for them.
 EPOCHS = 200
+HELD = 100
 
 pytestmark = pytest.mark.slow
 
@@ -136,13 +137,23 @@ def job_processes(run_dir: Path) -> list[int]:
     return found
 
 
-def killed_job(run_dir: Path, script: tuple[str, ...], step: int) -> list[str]:
+def killed_job(
+    run_dir: Path, script: tuple[str, ...], step: int, holds: dict[int, Path] | None = None
+) -> list[str]:
     """The command of a 2-rank --transparent job of ``script`` whose rank 1 is SIGKILLed in
-    ``step``."""
+    ``step``; every rank waits at the start of each epoch of ``holds`` until its file exists
+    (``plain_trainer.py --hold``: a test's operator command then lands before the job ends,
+    whatever the load)."""
     command = [sys.executable, "-m", "torchrelay.cli.main", "run", "--transparent"]
     command += ["--nproc-per-node", "2", "--spares", "0", "--run-dir", str(run_dir)]
     command += [f"--chaos=kill:rank=1:step={step}", str(SCRIPTS / script[0]), *script[1:]]
+    command += [f"--hold={epoch}:{path}" for epoch, path in (holds or {}).items()]
     return [*command, "--out", str(run_dir / "final.pt")]
+
+
+def release(hold: Path) -> None:
+    """Let a job held at ``hold``'s epoch go on (see :func:`killed_job`)."""
+    hold.touch()
 
 
 def operator(*args: str) -> None:
@@ -174,13 +185,15 @@ def test_a_killed_worker_is_cloned_and_a_drained_one_migrated(tmp_path, torchrun
     is then drained and moves into a copy of itself; the job equals torchrun's."""
     require_criu()
     run_dir, script = tmp_path / "run", (*PLAIN, "--epochs", str(EPOCHS))
-    step = PER_EPOCH + 5
+    step, drained = PER_EPOCH + 5, tmp_path / "drained"
 
     def operate() -> None:
         await_event(run_dir, "recovery_done", timeout=240)
         operator("drain", "--run-dir", str(run_dir), "--rank", "0")
+        release(drained)
 
-    result = run_operated(tmp_path, killed_job(run_dir, script, step), run_dir, operate)
+    command = killed_job(run_dir, script, step, {HELD: drained})
+    result = run_operated(tmp_path, command, run_dir, operate)
     assert result.returncode == 0, result.output
     assert f"step {step} voided" in result.output
     ledger = result.ledger()
@@ -240,14 +253,17 @@ def test_a_copy_is_the_donor_of_a_second_failure_and_moves_when_drained(tmp_path
     torchrun's, and nothing is left behind."""
     require_criu()
     run_dir, script = tmp_path / "run", (*PLAIN, "--epochs", str(EPOCHS))
+    killed, drained = tmp_path / "killed", tmp_path / "drained"
 
     def operate() -> None:
         await_count(run_dir, "recovery_done", 1, timeout=240)
         operator("chaos", "--run-dir", str(run_dir), "kill", "--rank", "0")
+        release(killed)
         await_count(run_dir, "recovery_done", 2, timeout=240)
         operator("drain", "--run-dir", str(run_dir), "--rank", "0")
+        release(drained)
 
-    command = killed_job(run_dir, script, PER_EPOCH + 5)
+    command = killed_job(run_dir, script, PER_EPOCH + 5, {2: killed, HELD: drained})
     result = run_operated(tmp_path, command, run_dir, operate)
     assert result.returncode == 0, result.output
     ledger = result.ledger()

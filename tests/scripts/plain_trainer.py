@@ -6,13 +6,16 @@ gradient accumulation, its own snapshot file, and destroy_process_group() at the
 
 With ``--augment``, each rank seeds torch, numpy and ``random`` with its own seed (as scripts
 do for diverse dropout masks and augmentations) and every batch is augmented with draws from
-all three.
+all three. ``--hold EPOCH:PATH`` (repeatable; for tests) makes every rank wait at the start of
+that epoch until the file exists, so that a test's operator command lands before the job ends
+whatever the machine's load: the waiting changes nothing the training computes.
 """
 
 import argparse
 import contextlib
 import os
 import random
+import time
 
 import numpy as np
 import torch
@@ -33,6 +36,7 @@ class Trainer:
         self.snapshot_path = snapshot_path
         self.accumulate = accumulate
         self.epochs_run = 0
+        self.holds = {}
         if snapshot_path and os.path.exists(snapshot_path):
             snapshot = torch.load(snapshot_path)
             self.model.module.load_state_dict(snapshot["model"])
@@ -55,6 +59,8 @@ class Trainer:
             self.scheduler.step()
 
     def _run_epoch(self, epoch):
+        while epoch in self.holds and not os.path.exists(self.holds[epoch]):
+            time.sleep(0.01)
         self.loader.sampler.set_epoch(epoch)
         for i, (source, targets) in enumerate(self.loader):
             self._run_batch(source, targets, (i + 1) % self.accumulate == 0)
@@ -78,6 +84,7 @@ def main():
     parser.add_argument("--snapshot", default=None)
     parser.add_argument("--out", default=None)
     parser.add_argument("--augment", action="store_true", help="seed each rank apart, augment")
+    parser.add_argument("--hold", action="append", default=[], help="EPOCH:PATH (see above)")
     args = parser.parse_args()
 
     dist.init_process_group(backend="gloo")
@@ -99,6 +106,7 @@ def main():
     trainer = Trainer(
         model, loader, optimizer, scheduler, args.snapshot, args.accumulate, args.augment
     )
+    trainer.holds = {int(e): path for e, _, path in (h.partition(":") for h in args.hold)}
     trainer.train(args.epochs)
     if dist.get_rank() == 0 and args.out:
         torch.save(trainer.model.module.state_dict(), args.out)

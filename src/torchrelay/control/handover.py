@@ -16,6 +16,8 @@ as a :class:`Round` whose ``handover`` is set:
    its halted peers never join: past the hang timeout the generation is aborted, the step it
    had in flight is dropped and the plan starts from B all the same. A failure meanwhile
    supersedes the handover: the crash path cures it, and the request is taken up again after.
+   Ranks whose training ends before B (they report done; a ``--transparent`` job's length is
+   its script's) abandon it (``handover_abandoned``), and the job ends as it would have.
 4. The plan (:func:`~torchrelay.control.plan_publish.publish_plan`): spares take the slots,
    sources are the other ranks at B (rank-local state is mirrored to every peer, RNG and data
    follow from ``(seed, step, rank)``, so a replica's copy is exact); the old processes are told
@@ -181,6 +183,10 @@ def _await_boundary(
         current.step = RecoveryStep.SUPERSEDED
         return None
     survivors = [job.members[p] for p in current.survivors]
+    ended = [m for m in survivors if m.state is MemberState.DONE]
+    if ended and not any(m.state is MemberState.HALTED for m in survivors):
+        _abandon_at_the_end(job, current, max(m.committed for m in ended), actions)
+        return None
     running = [m for m in survivors if m.state is not MemberState.HALTED]
     if not running:
         if parking.hold(job, current, now, actions):
@@ -206,6 +212,20 @@ def _await_boundary(
         f"boundary (step {current.handover['boundary']}) nor when aborted",
     )
     return None
+
+
+def _abandon_at_the_end(job: JobState, current: Round, last: int, actions: list[Action]) -> None:
+    """The script's training ended at step ``last``, before the boundary: no rank will reach
+    it (a ``--transparent`` job's length is the script's, unknown to the controller, so its
+    boundary is not refused at :func:`begin`). Nobody halted; the job ends as it would have."""
+    assert current.handover is not None
+    reason = (
+        f"the training ended at step {last}, before the handover's boundary "
+        f"(step {current.handover['boundary']})"
+    )
+    actions.append(Record(events.HandoverAbandoned(slots=tuple(current.slots), reason=reason)))
+    job.recovery.current = None
+    actions += finish_if_all_done(job)
 
 
 def _give_back(job: JobState, current: Round) -> None:

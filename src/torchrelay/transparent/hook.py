@@ -128,6 +128,9 @@ class TransparentWorker:
             return
         self._finished = True
         self.relay._current_step = None
+        # The step the last commit began never runs: a timer left running would have the
+        # controller judge this rank stalled in it while the job's end waits (a handover).
+        self.relay.timer.abandon()
         while not self.relay._finish():
             pass  # a recovery was served meanwhile; report done again
 
