@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from tests.fsm import Driver
+from tests.fsm import MAX_STEPS, Driver
 from torchrelay.chaos import ChaosEvent
 from torchrelay.control import drills, liveness, nodes
 from torchrelay.control.actions import SendToNode, SignalLocal, StartRecovery
@@ -35,6 +35,32 @@ def test_a_silent_worker_is_fenced_then_its_exit_is_a_heartbeat_failure(tmp_path
     (failure,) = driver.events("failure")
     assert failure["onset"] == driver.now - 6.0 and failure["kind"] == "signal"
     assert driver.job.members["worker1"].detection is Detection.HEARTBEAT
+
+
+def test_a_fenced_worker_that_ends_its_training_before_its_kill_is_still_recovered(tmp_path):
+    """The stack dump before a fence's SIGKILL can wake a hung call (a signal ends a sleep),
+    and the worker may finish its last steps before the kill lands: its done report is not
+    taken, so the job does not end before the kill (which would fail it "after its last
+    step"); the kill is a failure like any other, and the job waits for its recovery."""
+    driver = Driver(tmp_path, hang_floor=5.0)
+    driver.start(steps=2)
+    driver.now += 6.0
+    driver.report("worker0", "progress", step=2)  # worker1 stays silent
+    tick(driver)
+    assert driver.job.members["worker1"].state is MemberState.FENCING
+    last = MAX_STEPS - 1
+    driver.report("worker0", "done", step=last)
+    driver.report("worker1", "done", step=last)  # woken by the dump, before its kill
+    assert driver.job.members["worker1"].state is MemberState.FENCING
+    assert not driver.events("training_done") and driver.outcome() is None
+    driver.exit("worker1", -9)
+    (failure,) = driver.events("failure")
+    assert failure["process"] == "worker1" and driver.outcome() is None
+    driver.advance()  # worker0, done, serves the recovery (Relay._finish): halted, then plan
+    driver.report("worker0", "halted", committed=last)
+    driver.advance()
+    (planned,) = driver.events("recovery_planned")
+    assert planned["replaced"] == {"1": "spare0"} and planned["target_step"] == last
 
 
 def test_a_lost_collective_reforms_the_same_members_until_max_restarts(tmp_path):

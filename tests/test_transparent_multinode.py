@@ -21,10 +21,12 @@ from tests.jobs import SCRIPTS, JobResult, assert_bitwise_equal, await_event, fr
 from tests.snapshots import require_criu
 from tests.test_transparent_multiprocess import (  # noqa: F401 (torchrun: a fixture)
     EPOCHS,
+    HELD,
     PER_EPOCH,
     PLAIN,
     job_processes,
     operator,
+    release,
     torchrun,
 )
 
@@ -50,6 +52,8 @@ def test_a_rank_of_the_controllers_node_is_cloned_from_another_node_and_drained_
 ) -> None:
     require_criu()
     script = (*PLAIN, "--epochs", str(EPOCHS))
+    drained = tmp_path / "drained"  # the job holds at epoch HELD until the drain is asked
+    held = (*script, f"--hold={HELD}:{drained}")
     endpoint, token = f"127.0.0.1:{free_port_pair()}", secrets.token_hex(16)
     run0, run1 = tmp_path / "node0", tmp_path / "node1"
     nodes, outputs = [], []
@@ -58,7 +62,7 @@ def test_a_rank_of_the_controllers_node_is_cloned_from_another_node_and_drained_
             outputs.append((tmp_path / f"node{rank}.out").open("w+"))
             nodes.append(
                 subprocess.Popen(
-                    node_command(rank, endpoint, tmp_path, script),
+                    node_command(rank, endpoint, tmp_path, held),
                     env={**os.environ, "TORCHRELAY_JOB_TOKEN": token},
                     stdout=outputs[-1],
                     stderr=subprocess.STDOUT,
@@ -67,6 +71,7 @@ def test_a_rank_of_the_controllers_node_is_cloned_from_another_node_and_drained_
             )
         await_event(run0, "recovery_done", timeout=240)
         operator("drain", "--run-dir", str(run0), "--rank", "1")
+        release(drained)
         returncodes = [node.wait(timeout=300) for node in nodes]
     finally:
         for node in nodes:

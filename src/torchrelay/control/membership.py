@@ -232,6 +232,11 @@ def _on_phase(job: JobState, member: Member, message: PhaseDone, now: float) -> 
 
 
 def _on_done(job: JobState, member: Member, message: Done, now: float) -> list[Action]:
+    if member.state is MemberState.FENCING:
+        # Judged hung, it is being killed: its kill is on the way (the stack dump before it
+        # can even wake a hung call), so its slot is recovered from its exit. Taken as done,
+        # the kill would land after the job's end and fail it ("after its last step").
+        return []
     move(member, MemberState.DONE)
     member.committed = message.step
     job.highest_committed = max(job.highest_committed, member.committed)

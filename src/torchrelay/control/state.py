@@ -35,7 +35,8 @@ class MemberState(enum.Enum):
     A worker joins ``ACTIVE``; a spare joins ``STARTING`` and reports ``READY`` at its first
     step boundary. A plan makes every member of the new generation ``ACTIVE``. An aborted or
     failed member reports ``HALTED``; one past its last step ``DONE``. The monitor marks a hung
-    or stalled member ``FENCING`` when it has it killed. An exit makes any member ``DEAD``;
+    or stalled member ``FENCING`` when it has it killed (its ``done`` is not taken: the kill
+    is on the way, and its slot is recovered from its exit). An exit makes any member ``DEAD``;
     one whose node was declared lost is ``FENCED`` (after its loss was handled as an exit):
     nothing it sends is accepted again. A member whose slot was handed to another process at a
     step boundary (drain, health migration) is ``RETIRED``: told to leave, its reports are
@@ -63,7 +64,7 @@ TRANSITIONS: dict[MemberState, frozenset[MemberState]] = {
     # A member past its last step is aborted (and halts) when another slot fails.
     _S.DONE: frozenset({_S.HALTED, _S.ACTIVE, _S.FENCING, _S.DEAD}),
     # Reports sent before the kill landed still arrive.
-    _S.FENCING: frozenset({_S.HALTED, _S.DONE, _S.DEAD}),
+    _S.FENCING: frozenset({_S.HALTED, _S.DEAD}),
     _S.RETIRED: frozenset({_S.DEAD}),
     _S.DEAD: frozenset({_S.FENCED}),
     _S.FENCED: frozenset(),
