@@ -42,6 +42,28 @@ CHILD = textwrap.dedent(
     """
 )
 
+# Takes every free descriptor number, so whatever number the template freed before running the
+# script is now the script's own; reports at exit those closed behind its back.
+OWN_DESCRIPTORS = textwrap.dedent(
+    """
+    import atexit, os
+    own = []
+    while not own or own[-1] < 64:
+        own.extend(os.pipe())
+
+    def report():
+        closed = []
+        for fd in own:
+            try:
+                os.fstat(fd)
+            except OSError:
+                closed.append(fd)
+        os.write(1, f"closed {closed}".encode())
+
+    atexit.register(report)
+    """
+)
+
 
 def test_messages_are_json_objects_and_a_huge_request_is_refused():
     assert decode(encode({"pid": 12})) == {"pid": 12}
@@ -131,3 +153,21 @@ def _gone(pid: int, timeout: float = 30.0) -> bool:
             return True
         time.sleep(0.02)
     return False
+
+
+@pytest.mark.slow
+def test_a_forked_script_keeps_every_descriptor_it_opened_until_it_exits(tmp_path):
+    """The template's own descriptors are closed in the child before the script runs, and
+    never again: closing one a second time at the interpreter's exit closed a gloo connection
+    that had taken its number, and gloo aborted the process after its last step."""
+    script = tmp_path / "own.py"
+    script.write_text(OWN_DESCRIPTORS)
+    template = NodeTemplate(tmp_path / "template.log")
+    template.start({**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    try:
+        child = template.fork([str(script)], {})
+        report = child.stdout.read().decode()
+        assert child.wait(timeout=60) == 0
+        assert report == "closed []"
+    finally:
+        template.close()

@@ -111,7 +111,11 @@ def serve(channel: socket.socket) -> int:
         started, cpu, template = time.monotonic(), _cpu_seconds(), os.getpid()
         pid = os.fork()
         if pid == 0:
-            for fd in (wake_r, wake_w, channel.fileno()):
+            # The socket object closes its own descriptor: an os.close() of its number would
+            # leave the object to close that number again when it is collected, by then
+            # another descriptor of the script's (a gloo connection, which then aborts).
+            channel.close()
+            for fd in (wake_r, wake_w):
                 os.close(fd)
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
