@@ -13,8 +13,9 @@ A spec is ``ACTION:key=value:key=value``. Supported now:
   they wait in the communicator's rendezvous for it.
 - ``hang:rank=R:step=S[:phase=...]`` -- SIGSTOP it instead: the process is alive but silent, its
   peers block in the collective; only hang detection can cure this.
-- ``freeze:rank=R:step=S[:phase=...]`` -- it enters a C call that holds the GIL for good: the
-  process is running, but none of its threads (heartbeats included) gets to run.
+- ``freeze:rank=R:step=S[:phase=...]`` -- it enters a C call that holds the GIL for good (a
+  wait no signal ends): the process is alive, but none of its threads (heartbeats included)
+  runs Python again.
 - ``slow:rank=R:step=S:seconds=X`` -- from step ``S`` on, that rank computes ``X`` seconds
   longer per step (a straggler: degraded GPU, thermal throttling).
 - ``stall:rank=R:step=S[:phase=...]`` -- its training thread blocks for good while its

@@ -50,7 +50,19 @@ class ChaosInjection:
             # The training thread blocks for good; the heartbeat thread goes on.
             threading.Event().wait()
         elif action == "freeze":
-            # A C call that never releases the GIL: no thread of this process runs again.
-            ctypes.PyDLL(None).sleep(10**6)
+            freeze()
         else:
             os.kill(os.getpid(), signal.SIGKILL if action == "kill" else signal.SIGSTOP)
+
+
+def freeze() -> None:
+    """Never return, holding the GIL: no thread of this process runs Python again.
+
+    A C call that blocks without releasing the GIL: locking a mutex this thread already
+    holds. A signal does not end the wait (POSIX has a mutex wait resume after the handler),
+    where it ended a ``sleep()``: the fence's stack-dump signal woke a frozen worker, which then
+    ran on. Only SIGKILL, or a signal that ends the process, ends it."""
+    libc = ctypes.PyDLL(None)  # PyDLL: the call keeps the GIL
+    mutex = ctypes.create_string_buffer(64)  # zeroed: PTHREAD_MUTEX_INITIALIZER, a normal mutex
+    libc.pthread_mutex_lock(mutex)
+    libc.pthread_mutex_lock(mutex)
