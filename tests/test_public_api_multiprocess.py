@@ -66,8 +66,9 @@ def test_ported_script_survives_a_kill_bitwise_and_keeps_rank_local_state(tmp_pa
 
 
 def test_a_loader_with_workers_that_augments_survives_a_kill_bitwise(tmp_path):
-    """DataLoader(num_workers=2) over a dataset that draws random noise per sample: after the
-    kill every rank's loader restarts mid-epoch, and each batch is augmented as it was."""
+    """DataLoader(num_workers=2) over a dataset that draws random noise per sample: the
+    replacement starts its loader mid-epoch, each batch augmented as it was; the survivors keep
+    theirs (they redo the step in flight with the batch they had)."""
     workers = ("--loader-workers", "2")
     ref = run_job(tmp_path / "ref", script=SCRIPT, spares=0, steps=STEPS, script_args=workers)
     assert ref.returncode == 0, ref.output
@@ -78,6 +79,15 @@ def test_a_loader_with_workers_that_augments_survives_a_kill_bitwise(tmp_path):
     assert job.returncode == 0, job.output
     assert job.summary()["zero_loss_recoveries"] == 1
     assert_bitwise_equal(job.weights(), ref.weights(), job)
+    # Loader workers started per rank: one loader per epoch of 2 workers, 3 epochs; the
+    # replacement's loader of its first epoch comes on top of the killed rank's.
+    started = [_loader_workers(j) for j in (ref, job)]
+    assert started == [{0: 6, 1: 6, 2: 6}, {0: 6, 1: 8, 2: 6}]
+
+
+def _loader_workers(job: JobResult) -> dict[int, int]:
+    ranks = (job.run_dir / "final.pt.loader_workers").read_text().split()
+    return {r: ranks.count(str(r)) for r in range(WORLD)}
 
 
 def test_a_script_resuming_from_its_own_snapshot_starts_there_and_spares_do_not_load_it(

@@ -42,6 +42,13 @@ class Jitter(torch.utils.data.Dataset):
         return x + 0.1 * torch.randn_like(x), y
 
 
+def note_worker(worker_id):
+    """One line per loader worker started, with the rank it fetches for."""
+    if args.out:
+        with open(f"{args.out}.loader_workers", "a") as f:
+            f.write(f"{os.environ['RANK']}\n")
+
+
 relay = torchrelay.init(seed=5)
 dist.init_process_group("gloo")  # left in from the torchrun version: does nothing
 data = TensorDataset(torch.randn(96, 16), torch.randn(96, 4))
@@ -52,6 +59,7 @@ loader = DataLoader(
     batch_size=8,
     sampler=DistributedSampler(data, shuffle=True, seed=3),
     num_workers=args.loader_workers,
+    worker_init_fn=note_worker,
 )
 net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Dropout(0.1), torch.nn.Linear(32, 4))
 model = DDP(net, process_group=relay.process_group)

@@ -41,6 +41,7 @@ from torchrelay.control.endpoint import failover_for
 from torchrelay.control.protocol import JoinAnswer, MaxSteps, Message, Report
 from torchrelay.runtime import default_group, exit_holder, stack_dump
 from torchrelay.runtime.allocator import keep_freed_memory
+from torchrelay.runtime.batch_feed import BatchFeed
 from torchrelay.runtime.chaos_inject import ChaosInjection
 from torchrelay.runtime.checkpoint import Checkpointer, resume_from_environ
 from torchrelay.runtime.control_link import ControlLink, install_excepthook, posted_report_failed
@@ -239,8 +240,8 @@ class Relay(ControlLink, Recovery, ChaosInjection, Parking):
         else:  # a job resumed by `torchrelay run --resume` starts after its checkpoint
             resumed = resume_from_environ(self.rank, self.tracked, self.local)  # type: ignore[arg-type]
             self.committed = max(self.committed, start_step - 1, resumed)
-        batches: Iterator[Any] | None = None
-        hosted_batches: dict[int, Iterator[Any]] = {}
+        # Per rank this process feeds, and whether as its own; kept through recoveries.
+        feeds: dict[tuple[int, bool], BatchFeed] = {}
         while True:
             step = self.committed + 1
             if step >= max_steps:
@@ -252,18 +253,18 @@ class Relay(ControlLink, Recovery, ChaosInjection, Parking):
                     self.rank = min((self.rank, *self.hosted))  # type: ignore[type-var]
                     self.process_group.act_as(self.rank)  # type: ignore[arg-type]
                     return
-                batches = None
                 continue
             if self.guard.aborted:
                 self._recover(in_flight=None)
-                batches = None
                 continue
-            if dataset is not None and batches is None:
+            if dataset is not None:  # a recovery may have changed the ranks this process feeds
                 assert self.rank is not None
-                batches = self._batches(dataset, batch_size, collate_fn, self.rank, step)
-                hosted_batches = {
-                    r: self._batches(dataset, batch_size, collate_fn, r, step) for r in self.hosted
+                keys = [(self.rank, True), *((r, False) for r in self.hosted)]
+                feeds = {
+                    k: feeds.get(k) or self._feed(dataset, batch_size, collate_fn, *k) for k in keys
                 }
+                for feed in feeds.values():
+                    feed.prepare(step)
             snapshot = self.tracked.snapshot()
             local_snapshot = None if self.local is None else self.local.snapshot()
             self.guard.begin_step()
@@ -271,9 +272,9 @@ class Relay(ControlLink, Recovery, ChaosInjection, Parking):
             self._current_step = step
             self.timer.start()
             for rank in self.hosted:
-                yield from self._hosted_pass(step, rank, hosted_batches.get(rank), snapshot)
+                yield from self._hosted_pass(step, rank, feeds.get((rank, False)), snapshot)
             seed_all(self.seed, step, self.rank)  # type: ignore[arg-type]
-            yield step, (next(batches) if batches is not None else None)
+            yield step, (feeds[(self.rank, True)].at(step) if feeds else None)  # type: ignore[index]
             if not self.guard.poisoned:
                 self.process_group.contributions.check_used()
             self._current_step = None
@@ -288,7 +289,6 @@ class Relay(ControlLink, Recovery, ChaosInjection, Parking):
                 for opt in self.tracked.optimizers():
                     opt.zero_grad(set_to_none=True)
                 self._recover(in_flight=step)
-                batches = None
                 continue
             self.committed = step
             self._last_commit_t = time.time()
@@ -303,25 +303,32 @@ class Relay(ControlLink, Recovery, ChaosInjection, Parking):
                 self._check_agreement(step)
             if self.guard.poisoned or self._handover_due():
                 self._recover(in_flight=None)
-                batches = None
 
     # ------------------------------------------------------------------ helpers
-    def _batches(
+    def _feed(
         self,
         dataset: Any,
         batch_size: int | None,
         collate_fn: Callable[[list[Any]], Any] | None,
         rank: int,
-        step: int,
-    ) -> Iterator[Any]:
-        """Rank ``rank``'s batches from ``step`` on (this process's own, or a hosted one's)."""
+        own: bool,
+    ) -> BatchFeed:
+        """Rank ``rank``'s batches: this process's ``own``, or a hosted rank's."""
         if isinstance(dataset, DataLoader):
-            return sampler_loader(dataset, rank, step, own=rank == self.rank)
+            return BatchFeed(
+                lambda step: sampler_loader(dataset, rank, step, own=own),
+                fetched_elsewhere=dataset.num_workers > 0,  # its workers fetch
+            )
         assert batch_size is not None
-        return step_loader(dataset, batch_size, self.world_size, rank, self.seed, step, collate_fn)
+        return BatchFeed(
+            lambda step: step_loader(
+                dataset, batch_size, self.world_size, rank, self.seed, step, collate_fn
+            ),
+            fetched_elsewhere=False,  # step_loader fetches in this process
+        )
 
     def _hosted_pass(
-        self, step: int, rank: int, batches: Iterator[Any] | None, snapshot: dict[str, Any]
+        self, step: int, rank: int, feed: BatchFeed | None, snapshot: dict[str, Any]
     ) -> Iterator[tuple[int, Any]]:
         """Yield hosted ``rank``'s batch of ``step`` as that rank (its RNG, ``relay.rank``,
         ``dist.get_rank()``), its all-reduces kept for the own pass and its optimizer step
@@ -333,7 +340,7 @@ class Relay(ControlLink, Recovery, ChaosInjection, Parking):
         self.process_group.contributions.start_pass()
         seed_all(self.seed, step, rank)
         try:
-            yield step, (next(batches) if batches is not None else None)
+            yield step, (feed.at(step) if feed is not None else None)
         finally:
             self.process_group.contributions.end_pass()
             self.guard.accumulating = False
