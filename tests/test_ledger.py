@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 
 import pytest
 
@@ -12,21 +13,58 @@ from torchrelay.ledger import DURABLE_EVENTS, Ledger, LedgerError, read_ledger
 
 
 def test_job_end_failures_and_recoveries_are_fsynced_and_nothing_else(tmp_path, monkeypatch):
-    synced: list[int] = []
+    synced = threading.Semaphore(0)
     real_fsync = os.fsync
-    monkeypatch.setattr(
-        ledger_module.os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd))[1]
-    )
-    book = Ledger(tmp_path / "ledger.jsonl")
+    monkeypatch.setattr(ledger_module.os, "fsync", lambda fd: (real_fsync(fd), synced.release()))
+    book = Ledger(tmp_path / "frequent.jsonl")
     for event in ("job_start", "process_join", "progress", "chaos_fired", "hang_detected"):
         book.record(event)
-    assert synced == []  # frequent events stay cheap
-    for count, event in enumerate(("failure", "recovery_done", "job_end"), 1):
+    book.close()
+    assert not synced.acquire(blocking=False)  # frequent events stay cheap
+    book = Ledger(tmp_path / "ledger.jsonl")
+    for event in ("failure", "recovery_done", "job_end"):
         book.record(event)
-        assert len(synced) == count, f"{event} was not fsynced"
+        assert synced.acquire(timeout=60), f"{event} was not fsynced"
     book.close()
     assert {"failure", "recovery_done", "job_end"} == DURABLE_EVENTS
     assert [e["event"] for e in read_ledger(tmp_path / "ledger.jsonl")][-1] == "job_end"
+
+
+def test_a_durable_event_never_waits_for_the_disk_and_close_waits_for_it(tmp_path, monkeypatch):
+    """The controller records a failure before it aborts the survivors: a slow fsync (a busy
+    or network disk) must not delay the abort. Closing still waits for the disk."""
+    entered, disk = threading.Event(), threading.Event()
+    real_fsync = os.fsync
+
+    def slow_fsync(fd):
+        entered.set()
+        disk.wait()
+        real_fsync(fd)
+
+    monkeypatch.setattr(ledger_module.os, "fsync", slow_fsync)
+    book = Ledger(tmp_path / "ledger.jsonl")
+
+    def writes():
+        book.record("failure", process="worker1")
+        assert entered.wait(timeout=60)  # the fsync is under way, and stuck...
+        book.record("recovery_start")  # ...while the writer goes on
+        book.record("recovery_done")
+
+    writer = threading.Thread(target=writes)
+    writer.start()
+    try:
+        writer.join(timeout=60)  # a failsafe: the writes end at once unless they wait
+        assert not writer.is_alive(), "a writer waited for the disk"
+        closer = threading.Thread(target=book.close)
+        closer.start()
+        closer.join(timeout=0.2)
+        assert closer.is_alive()  # closing waits for the disk
+    finally:
+        disk.set()
+    closer.join(timeout=60)
+    assert not closer.is_alive()
+    events = [e["event"] for e in read_ledger(tmp_path / "ledger.jsonl")]
+    assert events == ["failure", "recovery_start", "recovery_done"]
 
 
 def test_a_torn_last_line_and_stray_lines_are_skipped(tmp_path):
