@@ -4,12 +4,14 @@ with a device. Runs without a GPU: the CUDA cases check what is decided, not CUD
 from __future__ import annotations
 
 import datetime
+import threading
 
 import pytest
 import torch
 import torch.distributed as dist
 
 from torchrelay.runtime.devices import DeviceError, new_group, select_device, shared_gpu
+from torchrelay.runtime.guard import StepGuard
 
 TIMEOUT = datetime.timedelta(seconds=30)
 
@@ -73,3 +75,30 @@ def test_a_bounded_rendezvous_gives_up_on_a_missing_member_and_keeps_the_collect
         new_group(dist.HashStore(), 0, 2, TIMEOUT, cpu, datetime.timedelta(seconds=0.2))
     group = new_group(dist.HashStore(), 0, 1, TIMEOUT, cpu, datetime.timedelta(seconds=0.2))
     assert group.options._timeout == TIMEOUT
+
+
+def test_a_transfer_waits_its_own_timeout_not_the_rendezvous_bound():
+    """Gloo bounds a send or receive with the timeout its constructor was given, which here
+    bounds the rendezvous (a fifth of ``connect_within``: 0.1 s); a transfer's works are
+    waited with the collective timeout instead."""
+    store, groups = dist.HashStore(), {}
+
+    def make(rank):
+        cpu = torch.device("cpu")
+        groups[rank] = new_group(store, rank, 2, TIMEOUT, cpu, datetime.timedelta(seconds=0.5))
+
+    members = [threading.Thread(target=make, args=(rank,)) for rank in (0, 1)]
+    for member in members:
+        member.start()
+    for member in members:
+        member.join()
+    received = torch.zeros(4)
+    work = groups[0].recv([received], 1, 0)
+    # The source sends 0.5 s later: at least five times the constructor's timeout.
+    source = threading.Timer(0.5, lambda: groups[1].send([torch.ones(4)], 0, 0).wait(TIMEOUT))
+    source.start()
+    guard = StepGuard()
+    guard.enter_generation(0)
+    guard.wait_works([work], lambda _index: None, TIMEOUT)
+    source.join()
+    assert torch.equal(received, torch.ones(4))

@@ -29,6 +29,12 @@ import torch.distributed as dist
 
 from torchrelay.runtime.gloo_cut import PairSockets, capture
 
+# Gloo waits up to five times its timeout for a pair's first connection (tcp/pair.h: "a longer
+# timeout when waiting for initial connect"). A member that another member's failure left
+# waiting for a connection nobody will make (that member, its own rendezvous failed, gave up
+# before connecting) waited 5 x 30 s, past the 120 s halt timeout, and the job failed.
+GLOO_CONNECT_WAIT_FACTOR = 5
+
 # Gloo groups whose pair sockets were found (id -> the group itself, to tell a reused id).
 _cuttable: dict[int, tuple[dist.ProcessGroup, PairSockets]] = {}
 _cuttable_lock = threading.Lock()
@@ -88,11 +94,14 @@ def new_group(
     ``timeout`` bounds its collectives. Gloo's rendezvous (the store waits for the peers'
     addresses, then the connections) is bounded by ``connect_within`` if shorter: nothing can
     interrupt it, so a member that dies inside it holds the others that long, after which
-    they raise (``DistStoreError`` or gloo's connect timeout). NCCL's keeps ``timeout``."""
+    they raise (``DistStoreError`` or gloo's connect timeout). Gloo is given a fifth of it,
+    as it waits five times its timeout for a connection (:data:`GLOO_CONNECT_WAIT_FACTOR`).
+    NCCL's keeps ``timeout``."""
     if device.type != "cuda" or shared_gpu() is not None:
         connect = timeout if connect_within is None else min(timeout, connect_within)
+        gloo_timeout = connect / GLOO_CONNECT_WAIT_FACTOR
         group, sockets = capture(
-            lambda: dist.ProcessGroupGloo(store, rank, size, connect), store, rank, size
+            lambda: dist.ProcessGroupGloo(store, rank, size, gloo_timeout), store, rank, size
         )
         group.set_timeout(timeout)
         with _cuttable_lock:

@@ -8,6 +8,7 @@ step is recomputed after recovery.
 
 from __future__ import annotations
 
+import datetime
 import functools
 import os
 import threading
@@ -141,12 +142,16 @@ class StepGuard:
             started = min((p.started for p in self._pending.values()), default=None)
         return None if started is None else time.monotonic() - started
 
-    def wait_works(self, works: list[Any], after_each: Callable[[int], None]) -> None:
+    def wait_works(
+        self, works: list[Any], after_each: Callable[[int], None], timeout: datetime.timedelta
+    ) -> None:
         """Wait for point-to-point works (which have no futures in gloo) unless aborted first.
 
-        A daemon thread waits on them in order and calls ``after_each(i)`` as each completes;
-        if the generation is aborted, the caller is released with :class:`GenerationAborted`
-        and the thread is left to the group's timeout.
+        A daemon thread waits on them in order, each up to ``timeout``, and calls
+        ``after_each(i)`` as each completes; if the generation is aborted, the caller is
+        released with :class:`GenerationAborted` and the thread is left to that timeout.
+        (Without one, a gloo send or receive waits as long as the group's constructor was
+        given, which bounds its rendezvous: seconds, see :func:`devices.new_group`.)
         """
         done = threading.Event()
         errors: list[BaseException] = []
@@ -154,7 +159,7 @@ class StepGuard:
         def wait_all() -> None:
             try:
                 for index, work in enumerate(works):
-                    work.wait()
+                    work.wait(timeout)
                     after_each(index)
             except RuntimeError as exc:
                 errors.append(exc)

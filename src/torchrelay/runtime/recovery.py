@@ -9,6 +9,7 @@ A mixin of :class:`torchrelay.runtime.relay.Relay`; it relies on the attributes 
 from __future__ import annotations
 
 import contextlib
+import functools
 import queue
 import resource
 import sys
@@ -304,7 +305,7 @@ class Recovery(GenerationEntry):
                 me,
                 sources,
                 receivers,
-                wait=self.guard.wait_works,
+                wait=functools.partial(self.guard.wait_works, timeout=self._timeout),
                 # Every source holds every rank's local state; the receiver takes its slot's.
                 sidecar=None if self.local is None else self.local.for_transfer(),
                 ready=ready,
@@ -323,7 +324,7 @@ class Recovery(GenerationEntry):
                 generation,
                 mine,
                 sources,
-                wait=self.guard.wait_works,
+                wait=functools.partial(self.guard.wait_works, timeout=self._timeout),
                 progress=lambda total: (
                     ByteProgress(f"torchrelay: rank {slot} receiving state", total).add
                 ),
