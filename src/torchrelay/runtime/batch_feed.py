@@ -45,7 +45,7 @@ def _fingerprint(batch: Any) -> tuple[Any, list[tuple[Any, int | None]]] | None:
 def _unchanged(batch: Any, fingerprint: tuple[Any, list[tuple[Any, int | None]]]) -> bool:
     leaves, spec = tree_flatten(batch)
     spec_then, marks = fingerprint
-    if spec != spec_then or len(leaves) != len(marks):
+    if spec != spec_then:
         return False
     return all(
         leaf is then and (version is None or leaf._version == version)
@@ -84,13 +84,14 @@ class BatchFeed:
         self._last, self._last_step, self._fingerprint = None, None, None
         batch = next(self._batches)  # type: ignore[arg-type]
         self._next_step += 1
-        self._last, self._last_step, self._fingerprint = batch, step, _fingerprint(batch)
+        self._last, self._last_step = batch, step
+        # Only a batch fetched elsewhere is ever yielded again: none other is fingerprinted.
+        self._fingerprint = _fingerprint(batch) if self._fetched_elsewhere else None
         return batch
 
     def _reusable(self, step: int) -> bool:
         return (
             step == self._last_step
-            and self._fetched_elsewhere
             and self._fingerprint is not None
             and _unchanged(self._last, self._fingerprint)
         )

@@ -293,6 +293,7 @@ class Recovery(GenerationEntry):
             ready.take()  # stop hashing: this rank sends nothing
         inner = self.process_group.inner
         assert inner is not None
+        wait = functools.partial(self.guard.wait_works, timeout=self._timeout)
         if me in sources:
             if self.committed != target or not self._state_valid:
                 raise RuntimeError(f"source rank {slot} is at step {self.committed}, not {target}")
@@ -305,7 +306,7 @@ class Recovery(GenerationEntry):
                 me,
                 sources,
                 receivers,
-                wait=functools.partial(self.guard.wait_works, timeout=self._timeout),
+                wait=wait,
                 # Every source holds every rank's local state; the receiver takes its slot's.
                 sidecar=None if self.local is None else self.local.for_transfer(),
                 ready=ready,
@@ -324,7 +325,7 @@ class Recovery(GenerationEntry):
                 generation,
                 mine,
                 sources,
-                wait=functools.partial(self.guard.wait_works, timeout=self._timeout),
+                wait=wait,
                 progress=lambda total: (
                     ByteProgress(f"torchrelay: rank {slot} receiving state", total).add
                 ),
