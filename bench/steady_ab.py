@@ -10,7 +10,9 @@ benchmark runs both paths in the same two processes, interleaved in short blocks
   a job makes it (collectives in place, on a group whose connections can be cut), the optimizer
   guarded (:func:`guard_optimizer`), and what ``relay.steps()`` does around each step: the
   guard's new step and the per-step seeding (:func:`~torchrelay.runtime.rng.seed_all`), the
-  tracked state's snapshot. ``--facade-only`` leaves out the per-step work; ``--unguarded``
+  tracked state's snapshot. ``--control`` makes B plain DDP too, over a second gloo group:
+  the method's own bias, which should read 1.00. ``--facade-only`` leaves out the per-step
+  work; ``--unguarded``
   also the stable group's guard (its collectives go straight to the inner group), to measure
   what the guard costs. B's guard completes collectives in C++ where the launcher has built
   it (:mod:`torchrelay.runtime.native`), in Python with ``TORCHRELAY_NATIVE_GUARD=0``;
@@ -63,6 +65,7 @@ def _worker(
     out: Path,
     facade_only: bool,
     unguarded: bool,
+    control: bool,
 ) -> None:
     import torch
     import torch.distributed as dist
@@ -73,6 +76,7 @@ def _worker(
     from torchrelay.runtime.ddp import fix_buckets
     from torchrelay.runtime.devices import new_group
     from torchrelay.runtime.facade import StableProcessGroup
+    from torchrelay.runtime.fast_lane import stable_group
     from torchrelay.runtime.guard import StepGuard, guard_optimizer
     from torchrelay.runtime.rng import seed_all
     from torchrelay.runtime.tracked import TrackedState
@@ -98,13 +102,20 @@ def _worker(
             return launch(self.inner, outputs)
 
     guard = StepGuard()
-    facade = (Unguarded if unguarded else StableProcessGroup)(WORLD, guard)
+    facade = Unguarded(WORLD, guard) if unguarded else stable_group(WORLD, guard)
     facade.bind(inner, rank, 0)
 
     model_a = DDP(build_model(model_size), process_group=plain)
     opt_a = build_optimizer(model_a)
-    model_b = DDP(build_model(model_size), process_group=facade)
-    fix_buckets(model_b, facade)
+    if control:
+        second = dist.ProcessGroup(store, rank, WORLD)
+        gloo = dist.ProcessGroupGloo(dist.PrefixStore("control", store), rank, WORLD, timeout)
+        second._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, gloo)
+        second._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
+        model_b = DDP(build_model(model_size), process_group=second)
+    else:
+        model_b = DDP(build_model(model_size), process_group=facade)
+        fix_buckets(model_b, facade)
     opt_b = build_optimizer(model_b)
     guard_optimizer(opt_b, guard)
     tracked = TrackedState()
@@ -128,6 +139,9 @@ def _worker(
             raise RuntimeError(f"step {step} was poisoned: {guard.poison_reason}")
 
     figures: dict[str, list[list[float]]] = {"plain": [], "relay": []}
+    # In a step from here on, as in training (--facade-only begins no other): collectives of
+    # a script's set-up run on private copies (see runtime.facade), and never in C++.
+    guard.begin_step()
     for warm in range(block):  # first calls, allocator, gloo connections
         plain_step(warm)
         relay_step(warm)
@@ -141,7 +155,10 @@ def _worker(
         torch.equal(a, b) for a, b in zip(model_a.parameters(), model_b.parameters(), strict=True)
     )
     if rank == 0:
-        out.write_text(json.dumps({**figures, "weights_equal": same, "native": guard.native}))
+        lane = getattr(facade, "lane", None)
+        launched = 0 if lane is None else lane.launched
+        facts = {"weights_equal": same, "native": guard.native, "fast_lane": launched}
+        out.write_text(json.dumps({**figures, **facts}))
     dist.destroy_process_group()
 
 
@@ -156,6 +173,7 @@ def measure(
     block: int,
     facade_only: bool = False,
     unguarded: bool = False,
+    control: bool = False,
     timeout_s: float = 900.0,
 ) -> dict[str, Any]:
     """Runs the two processes; returns per-round figures and the B/A ratios' quartiles."""
@@ -166,6 +184,7 @@ def measure(
         args += ["--block", str(block), "--out", str(out)]
         args += ["--facade-only"] if facade_only else []
         args += ["--unguarded"] if unguarded else []
+        args += ["--control"] if control else []
         children = [
             procs.start(
                 [sys.executable, "-m", "bench.steady_ab", "--rank", str(r), *args],
@@ -181,6 +200,7 @@ def measure(
         raw = json.loads(out.read_text())
     result: dict[str, Any] = {"raw": raw, "weights_equal": raw["weights_equal"]}
     result["guard"] = "compiled" if raw["native"] else "python"
+    result["fast_lane"] = raw["fast_lane"]
     for index, name in ((0, "wall"), (1, "cpu")):
         ratios = [b[index] / a[index] for a, b in zip(raw["plain"], raw["relay"], strict=True)]
         result[name] = {
@@ -213,19 +233,26 @@ def main() -> None:
         help="B's stable group sends every collective straight to its inner group (no step "
         "guard, no completion callback): what the guard costs, not a way to train",
     )
+    parser.add_argument(
+        "--control",
+        action="store_true",
+        help="B is plain DDP too, over a second gloo group: the method's own bias (1.00)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write every figure here")
     a = parser.parse_args()
     if a.rank is not None:
-        _worker(a.rank, a.port, a.model, a.rounds, a.block, a.out, a.facade_only, a.unguarded)
+        _worker(
+            a.rank, a.port, a.model, a.rounds, a.block, a.out, a.facade_only, a.unguarded, a.control
+        )
         return
-    r = measure(a.model, a.rounds, a.block, a.facade_only, a.unguarded)
+    r = measure(a.model, a.rounds, a.block, a.facade_only, a.unguarded, control=a.control)
     for name in ("wall", "cpu"):
         q1, q2, q3 = r[name]["ratio_quartiles"]
         print(
             f"{name} per step: plain DDP {r[name]['plain_ms']:.2f} ms, torchrelay "
             f"{r[name]['relay_ms']:.2f} ms; ratio median {q2:.3f} (quartiles {q1:.3f}-{q3:.3f})"
         )
-    print(f"B's step guard: {r['guard']}")
+    print(f"B's step guard: {r['guard']}; collectives in the compiled fast lane: {r['fast_lane']}")
     faults = r["faults_per_step"]
     print(f"minor page faults per step: plain DDP {faults['plain']:.0f}, ", end="")
     print(f"torchrelay {faults['relay']:.0f}")

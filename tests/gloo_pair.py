@@ -16,6 +16,7 @@ import torch.distributed as dist
 from tests.etcd import free_port
 from torchrelay.runtime.devices import new_group
 from torchrelay.runtime.facade import StableProcessGroup
+from torchrelay.runtime.fast_lane import stable_group
 from torchrelay.runtime.guard import StepGuard
 
 TIMEOUT = datetime.timedelta(seconds=60)
@@ -34,11 +35,12 @@ class Member:
 
 def join_pair(rank: int, port: int) -> Member:
     """In a member process: the store (rank 0 hosts it), the group, and a facade bound to it
-    in generation 0."""
+    in generation 0, as a job makes it (compiled where the guard is: then its later
+    all-reduces and broadcasts run in C++, :mod:`torchrelay.runtime.fast_lane`)."""
     store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timeout=TIMEOUT)
     inner = new_group(dist.PrefixStore("g0", store), rank, 2, TIMEOUT, torch.device("cpu"))
     guard = StepGuard()
-    facade = StableProcessGroup(2, guard)
+    facade = stable_group(2, guard)
     facade.bind(inner, rank, generation=0)
     guard.enter_generation(0)
     guard.begin_step()  # in a step, as training is (set-up's collectives fail differently)

@@ -31,3 +31,39 @@ def test_untracked_ddps_over_the_relay_group_are_fixed_once_and_others_left_alon
     assert fix_all_buckets(ours) == 1  # idempotent: found again, not fixed again
     assert not _would_rebuild(inner_tracked_only, ours)
     assert _would_rebuild(foreign, other)
+
+
+def _layout(model: DDP) -> list[list[int]]:
+    """The indices of each bucket's parameters, in the reducer's bucket order."""
+    index = {id(p): i for i, p in enumerate(model.parameters())}
+    buckets = model.reducer._get_zeros_like_grad_buckets()
+    return [[index[id(p)] for p in bucket.parameters()] for bucket in buckets]
+
+
+def test_the_fixed_layout_is_the_one_a_first_backward_gives_plain_ddp():
+    """Last layers first: their bucket's all-reduce overlaps the rest of the backward. In the
+    parameters' own order, the first bucket waited for the first layer's gradient, the last
+    one computed, and no all-reduce overlapped the backward."""
+    store = torch.distributed.HashStore()
+    plain_group = torch.distributed.ProcessGroup(store, 0, 1)
+    plain_group._register_backend(
+        torch.device("cpu"),
+        torch.distributed.ProcessGroup.BackendType.GLOO,
+        torch.distributed.ProcessGroupGloo(store, 0, 1),
+    )
+    plain_group._set_default_backend(torch.distributed.ProcessGroup.BackendType.GLOO)
+
+    def model(group: torch.distributed.ProcessGroup) -> DDP:
+        torch.manual_seed(0)
+        layers = [torch.nn.Linear(256, 256) for _ in range(4)]  # 256 KiB: 2 layers a bucket
+        return DDP(torch.nn.Sequential(*layers), process_group=group, bucket_cap_mb=0.4)
+
+    plain = model(plain_group)
+    plain(torch.ones(2, 256)).sum().backward()
+    plain.reducer._rebuild_buckets()  # what plain DDP's next forward does
+    group = StableProcessGroup(1, StepGuard())
+    fixed = model(group)
+    fix_all_buckets(group)
+    assert _layout(fixed) == _layout(plain)
+    assert _layout(plain)[0][0] == 7  # the last layer's bias: its gradient comes first
+    assert [p.grad for p in fixed.parameters()] == [None] * 8  # no gradient left behind

@@ -14,20 +14,22 @@ import time
 from torchrelay.chaos import ChaosEvent
 from torchrelay.control.protocol import ChaosFired
 from torchrelay.runtime.facade import StableProcessGroup
-from torchrelay.runtime.timing import StepTimer
 
 
 class ChaosInjection:
     """Fires this process's chaos events (see :class:`Relay`)."""
 
     process_group: StableProcessGroup
-    timer: StepTimer
     _chaos: list[ChaosEvent]
     _current_step: int | None
 
-    def _on_allreduce_launch(self) -> None:
-        self.timer.collective_launched()
-        self._maybe_fire("backward")
+    def _set_chaos(self, events: list[ChaosEvent]) -> None:
+        """This process's chaos events from now on. Only a backward-phase one needs a hook
+        on each all-reduce's launch (which keeps them on the stable group's Python path)."""
+        self._chaos = events
+        backward = any(e.phase == "backward" and e.action != "slow" for e in events)
+        hook = (lambda: self._maybe_fire("backward")) if backward else None
+        self.process_group.after_allreduce_launch = hook
 
     def _maybe_fire(self, phase: str, step: int | None = None) -> None:
         step = self._current_step if step is None else step

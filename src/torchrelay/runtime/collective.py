@@ -69,7 +69,7 @@ def in_place(
     def on_abort(future: Future[Any] | None) -> None:
         cut()
         if future is not None:
-            _watch_end(future)
+            watch_end(future)
 
     ticket = guard.track(on_abort)
     if ticket is None:
@@ -86,7 +86,7 @@ def in_place(
     if future is None:
         future = started.then(functools.partial(_finish, guard, call))
     if not guard.launched(ticket, future):
-        _watch_end(future)  # aborted while it started: the abort cut the group, not watched it
+        watch_end(future)  # aborted while it started: the abort cut the group, not watched it
     return _create_work_from_future(future)
 
 
@@ -102,7 +102,8 @@ def _finish(guard: StepGuard, call: Collective, done: Future[Any]) -> Any:
     return call.result
 
 
-def _watch_end(future: Future[Any]) -> None:
+def watch_end(future: Future[Any]) -> None:
+    """Watch a collective whose group an abort cut, until it ends (see :func:`_await_end`)."""
     ended = threading.Event()
     future.add_done_callback(lambda _: ended.set())
     threading.Thread(target=_await_end, args=(ended,), daemon=True).start()

@@ -6,6 +6,13 @@ mismatched collectives (gloo aborts with "Received data size doesn't match expec
 So every DDP built over the job's stable group gets its final layout before the first step,
 identically on every rank, computed locally (the stable group answers locally meanwhile).
 
+The layout is the one DDP would build after a first backward that produces gradients last
+parameter first, as a model that uses its parameters in the order it defines them does (DDP's
+own assumption for its first buckets): the first bucket holds the last layers, and its
+all-reduce runs while the backward computes the first layers'. Built in the parameters' own
+order instead, the first bucket held the first layer, whose gradient comes last: no all-reduce
+could start before the backward ended (2-3 % of a small MLP's step, docs/benchmarks.md).
+
 ``relay.track(model=ddp)`` does it for a tracked DDP; :func:`fix_all_buckets` finds the others
 (``relay.track(model=ddp.module)``, or a DDP nobody tracked) when the step loop starts.
 """
@@ -15,6 +22,7 @@ from __future__ import annotations
 import gc
 import weakref
 
+import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from torchrelay.runtime.facade import StableProcessGroup
@@ -31,9 +39,27 @@ def fix_buckets(model: DistributedDataParallel, group: StableProcessGroup) -> No
     if model in _fixed:
         return
     with group.local():
-        model.reducer._push_all_rebuilt_params()
+        if model.static_graph or model.find_unused_parameters:
+            # Those record their order in their own first iterations: the parameters' order.
+            model.reducer._push_all_rebuilt_params()
+        else:
+            _run_hooks_last_first(model)
         model.reducer._rebuild_buckets()
     _fixed.add(model)
+
+
+def _run_hooks_last_first(model: DistributedDataParallel) -> None:
+    """Run DDP's gradient hooks once, one zero gradient at a time, last parameter first: DDP
+    records that order for its rebuild. Its all-reduces answer locally (the caller's local
+    block); each parameter's gradient is put back as it was."""
+    params = [p for p in model.module.parameters() if p.requires_grad]
+    kept = [p.grad for p in params]
+    with torch.enable_grad():
+        model.reducer.prepare_for_backward([])
+        for param in reversed(params):
+            (param * 0).sum().backward()
+    for param, grad in zip(params, kept, strict=True):
+        param.grad = grad
 
 
 def fix_all_buckets(group: StableProcessGroup) -> int:

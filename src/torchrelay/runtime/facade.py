@@ -27,6 +27,11 @@ collectives run on the current generation's inner group, with three guarantees:
   one that the controller's abort ends (a peer lost while the job sets up) is answered
   locally, as a spare's are, so that DDP's constructor completes; the worker then recovers
   at its first step like any survivor. A failure before the abort arrives waits for it.
+
+Where the extension is built, :func:`~torchrelay.runtime.fast_lane.stable_group` gives a
+:class:`~torchrelay.runtime.fast_lane.NativeStableProcessGroup`:
+the same group, whose all-reduces and broadcasts run in C++ once its Python path has seen
+that they may run in place (see :mod:`fast_lane`); everything else is as described here.
 """
 
 from __future__ import annotations
@@ -34,8 +39,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
+import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -52,6 +58,9 @@ from torchrelay.runtime.collective import Collective, Launch, completed, in_plac
 from torchrelay.runtime.devices import abort_group, cuttable
 from torchrelay.runtime.guard import StepGuard
 from torchrelay.runtime.hosting import Contributions
+
+if TYPE_CHECKING:
+    from torchrelay.runtime.fast_lane import FastLane
 
 # How long a failed set-up collective waits for the controller's abort: more than the
 # controller takes to see any loss (a lost node: --node-timeout, 10 s by default).
@@ -95,7 +104,9 @@ class StableProcessGroup(dist.ProcessGroup):
         self._silenced = False
         self._layout: tuple[int, ...] | None = None  # None: rank r is member r
         self.contributions = Contributions()
-        self.after_allreduce_launch: Callable[[], None] | None = None
+        self._after_launch: Callable[[], None] | None = None
+        self._last_launch = 0.0
+        self._lane: FastLane | None = None  # NativeStableProcessGroup's
 
     # ------------------------------------------------------------- identity
     def rank(self) -> int:
@@ -115,6 +126,22 @@ class StableProcessGroup(dist.ProcessGroup):
         """Which member of the inner group runs each rank (``None``: rank r is member r)."""
         shrunk = layout is not None and len(set(layout)) < self._size
         self._layout = layout if shrunk else None
+        self._disarm()
+
+    @property
+    def after_allreduce_launch(self) -> Callable[[], None] | None:
+        """Called after each all-reduce this group sends to its peers (chaos injection)."""
+        return self._after_launch
+
+    @after_allreduce_launch.setter
+    def after_allreduce_launch(self, hook: Callable[[], None] | None) -> None:
+        self._after_launch = hook
+        self._disarm()
+
+    def last_launch(self) -> float:
+        """``time.monotonic()`` of the latest all-reduce sent to peers (0: none yet)."""
+        fast = 0.0 if self._lane is None else self._lane.last_launch
+        return max(self._last_launch, fast)
 
     def act_as(self, rank: int) -> None:
         """The rank whose micro-batch this process runs now (its own, or a hosted one)."""
@@ -130,6 +157,7 @@ class StableProcessGroup(dist.ProcessGroup):
             self._generation = generation
             self._silenced = False
             aborted, self._inner_aborted = self._inner_aborted, False
+        self._disarm()
         if previous is not None and not aborted:
             abort_group(previous)
         return previous
@@ -139,6 +167,7 @@ class StableProcessGroup(dist.ProcessGroup):
         :meth:`bind` gives a new one."""
         with self._bind_lock:
             inner, self._inner, self._inner_aborted = self._inner, None, False
+        self._disarm()
         if inner is not None:
             abort_group(inner)  # closes the duplicates of its sockets too
 
@@ -150,6 +179,7 @@ class StableProcessGroup(dist.ProcessGroup):
             if generation != self._generation or inner is None or self._inner_aborted:
                 return
             self._inner_aborted = True
+        self._disarm()
         abort_group(inner)
 
     def silence(self) -> None:
@@ -157,12 +187,14 @@ class StableProcessGroup(dist.ProcessGroup):
         complete (unless the generation is aborted), like a communicator that silently stopped
         delivering. Only the controller's lost-collective detection can cure this."""
         self._silenced = True
+        self._disarm()
 
     @contextlib.contextmanager
     def local(self) -> Iterator[None]:
         """Answer collectives locally inside the block (used for rank-local DDP bookkeeping)."""
         with self._local_lock:
             self._force_local += 1
+        self._disarm()
         try:
             yield
         finally:
@@ -177,6 +209,7 @@ class StableProcessGroup(dist.ProcessGroup):
 
     # ------------------------------------------------------------- collectives
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
+        epoch = self._epoch()
         opts = launch_options(opts if opts is not None else AllreduceOptions())
         if self.contributions.recording:
             self.contributions.keep(tensors, opts.reduceOp)
@@ -184,15 +217,21 @@ class StableProcessGroup(dist.ProcessGroup):
         if not self.is_local:
             self.contributions.combine(tensors, opts.reduceOp)
         work = self._run(tensors, lambda pg, out: pg.allreduce(out, opts), lambda: None, plain=True)
-        if self.after_allreduce_launch is not None and not self.is_local:
-            self.after_allreduce_launch()
+        if not self.is_local:
+            self._last_launch = time.monotonic()
+            if self._after_launch is not None:
+                self._after_launch()
+        self._arm(epoch)
         return work
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
+        epoch = self._epoch()
         opts = launch_options(opts if opts is not None else BroadcastOptions())
         if self._layout is not None:
             opts.rootRank = self._layout[opts.rootRank]  # the member that runs the root rank
-        return self._run(tensors, lambda pg, out: pg.broadcast(out, opts), lambda: None, plain=True)
+        work = self._run(tensors, lambda pg, out: pg.broadcast(out, opts), lambda: None, plain=True)
+        self._arm(epoch)
+        return work
 
     def allgather(
         self,
@@ -231,6 +270,35 @@ class StableProcessGroup(dist.ProcessGroup):
     def barrier(self, opts: Any = None) -> dist.Work:
         opts = launch_options(opts if opts is not None else BarrierOptions())
         return self._run([], lambda pg, _: pg.barrier(opts), lambda: None)
+
+    # ------------------------------------------------------------- the fast lane
+    def _epoch(self) -> int:
+        return 0 if self._lane is None else self._lane.epoch
+
+    def _arm(self, epoch: int) -> None:
+        """Arm the fast lane if an all-reduce or broadcast may run in place now, with no
+        Python (see :mod:`fast_lane`): every condition :meth:`_run` and :meth:`allreduce`
+        check, read after ``epoch``."""
+        inner, guard = self._inner, self._guard
+        if (
+            self._lane is None
+            or inner is None
+            or self.is_local
+            or self._layout is not None
+            or self._after_launch is not None
+            or self._silenced
+            or self._inner_aborted
+            or guard.setting_up
+            or guard.aborted
+            or not cuttable(inner)
+        ):
+            return
+        self._lane.arm(inner, self._generation, epoch)
+
+    def _disarm(self) -> None:
+        """A condition of :meth:`_arm` changed: the Python path decides again."""
+        if self._lane is not None:
+            self._lane.disarm()
 
     def _run(
         self,

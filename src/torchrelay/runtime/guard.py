@@ -15,12 +15,16 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.futures import Future
 
 from torchrelay.runtime import native
+
+if TYPE_CHECKING:
+    from torchrelay.runtime.fast_lane import FastLane
 
 # "0": collectives complete through the Python callback even where the extension is built.
 NATIVE_SWITCH = "TORCHRELAY_NATIVE_GUARD"
@@ -37,8 +41,9 @@ class StepGuard:
     """Tracks the health of the current step and of the current generation. Thread-safe.
 
     A failed collective poisons the step from gloo's thread, through :meth:`poison` or, for
-    the collectives :meth:`chain_native` completes, through the compiled guard's flag
-    (``native_guard.cpp``, in :mod:`native`); :attr:`poisoned` reads both.
+    the collectives :meth:`chain_native` and the fast lane complete, through the compiled
+    guard's flag (``native_guard.cpp``, in :mod:`native`). Where that flag exists it holds
+    every poison, so that the fast lane sees a step poisoned by any cause.
     """
 
     def __init__(self) -> None:
@@ -58,18 +63,19 @@ class StepGuard:
         self._next_id = 0
         self._native = native.load() if os.environ.get(NATIVE_SWITCH, "1") != "0" else None
         self._native_poison = None if self._native is None else self._native.Poison()
+        self._lane: FastLane | None = None
 
     @property
     def poisoned(self) -> bool:
-        return self._reason is not None or (
-            self._native_poison is not None and self._native_poison.set
-        )
+        if self._native_poison is not None:
+            return bool(self._native_poison.set)
+        return self._reason is not None
 
     @property
     def poison_reason(self) -> str | None:
         """Why the step is poisoned (the first failure's reason); ``None`` if it is not."""
-        if self._reason is None and self._native_poison is not None and self._native_poison.set:
-            return str(self._native_poison.reason)
+        if self._native_poison is not None:
+            return str(self._native_poison.reason) if self._native_poison.set else None
         return self._reason
 
     @property
@@ -81,6 +87,18 @@ class StepGuard:
     def native(self) -> bool:
         """Whether collectives complete through the compiled guard (:meth:`chain_native`)."""
         return self._native is not None
+
+    def compiled(self) -> tuple[ModuleType, Any] | None:
+        """The extension and this guard's compiled poison flag (``None``: not compiled), for
+        a :class:`~torchrelay.runtime.fast_lane.FastLane`."""
+        if self._native is None:
+            return None
+        return self._native, self._native_poison
+
+    def attach_lane(self, lane: FastLane) -> None:
+        """``lane`` runs collectives of this guard's steps: it is disarmed when the generation
+        changes and released when it is aborted."""
+        self._lane = lane
 
     def begin_step(self) -> None:
         with self._lock:
@@ -94,23 +112,33 @@ class StepGuard:
             # An abort can overtake the plan it cancels: remember it for when we get there.
             self._aborted = generation <= self._aborted_upto
             self._clear_poison()
+        if self._lane is not None:
+            self._lane.disarm()
 
     def _clear_poison(self) -> None:
         """Clear the last step's poison, but not an abort's: every step that begins in an
         aborted generation is poisoned. (An abort that came between the step loop's look at
         :attr:`aborted` and :meth:`begin_step` once left such a step unpoisoned: its
         collectives were skipped, and its optimizer applied this rank's own gradients.)"""
-        self._reason = self._abort_reason() if self._aborted else None
+        self._reason = None
         if self._native_poison is not None:
             self._native_poison.clear()
+        if self._aborted:
+            self._mark(self._abort_reason())
 
     def _abort_reason(self) -> str:
         return f"generation {self.generation} aborted by the controller"
 
     def poison(self, reason: str) -> None:
         with self._lock:
-            if not self.poisoned:
-                self._reason = reason
+            self._mark(reason)
+
+    def _mark(self, reason: str) -> None:
+        """Poison the step unless it is already (the first reason is kept); lock held."""
+        if self._native_poison is not None:
+            self._native_poison.mark(reason)
+        elif self._reason is None:
+            self._reason = reason
 
     def chain_native(self, inner: Future[Any], outputs: list[torch.Tensor]) -> Future[Any] | None:
         """``inner``'s future chained by the compiled guard: it completes with ``inner``'s
@@ -128,10 +156,11 @@ class StepGuard:
             if generation != self.generation:
                 return
             self._aborted = True
-            if not self.poisoned:
-                self._reason = self._abort_reason()
+            self._mark(self._abort_reason())
             self._forget_ended()
             pending, self._pending = list(self._pending.values()), {}
+        if self._lane is not None:
+            self._lane.release()
         for entry in pending:
             entry.settle(entry.future)
 
@@ -139,7 +168,11 @@ class StepGuard:
         """Seconds the oldest pending collective has waited (``None``: nothing pending)."""
         with self._lock:
             self._forget_ended()
-            started = min((p.started for p in self._pending.values()), default=None)
+            starts = [p.started for p in self._pending.values()]
+        fast = None if self._lane is None else self._lane.oldest_start()
+        if fast is not None:
+            starts.append(fast)
+        started = min(starts, default=None)
         return None if started is None else time.monotonic() - started
 
     def wait_works(

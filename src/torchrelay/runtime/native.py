@@ -48,7 +48,14 @@ from types import ModuleType
 NAME = "torchrelay_native"
 _HERE = Path(__file__).parent
 SOURCES = tuple(
-    _HERE / name for name in ("native.cpp", "native_guard.cpp", "exit_holder.cpp", "stack_dump.cpp")
+    _HERE / name
+    for name in (
+        "native.cpp",
+        "native_guard.cpp",
+        "fast_lane.cpp",
+        "exit_holder.cpp",
+        "stack_dump.cpp",
+    )
 )
 HEADERS = (_HERE / "native.h",)
 SWITCH = "TORCHRELAY_NATIVE"  # "0": neither build nor load (the Python guard, no exit holder)

@@ -10,63 +10,31 @@
 
 #include <torch/csrc/jit/python/pybind_utils.h>
 
-#include <atomic>
-#include <memory>
-#include <mutex>
-#include <string>
-#include <vector>
+c10::intrusive_ptr<c10::ivalue::Future> guard_future(
+    const c10::intrusive_ptr<c10::ivalue::Future>& parent,
+    const std::vector<at::Tensor>& outputs,
+    const std::shared_ptr<Poison>& poison) {
+  c10::IValue fallback(outputs);
+  return parent->then(
+      [fallback, poison](c10::ivalue::Future& done) -> c10::IValue {
+        if (done.hasError()) {
+          poison->mark("collective failed: " + done.tryRetrieveErrorMessage());
+          return fallback;
+        }
+        return done.value();
+      },
+      c10::ListType::create(c10::TensorType::get()));
+}
 
 namespace {
 
-// Set by a failed collective, read by the training thread at the optimizer step and cleared
-// at the next step. Only the first reason is kept: it names the collective that failed first.
-class Poison {
- public:
-  void mark(const std::string& reason) {
-    std::lock_guard<std::mutex> hold(lock_);
-    if (!set_.load()) {
-      reason_ = reason;
-      set_.store(true);
-    }
-  }
-
-  void clear() {
-    std::lock_guard<std::mutex> hold(lock_);
-    reason_.clear();
-    set_.store(false);
-  }
-
-  bool is_set() const { return set_.load(); }
-
-  std::string reason() {
-    std::lock_guard<std::mutex> hold(lock_);
-    return reason_;
-  }
-
- private:
-  std::atomic<bool> set_{false};
-  std::mutex lock_;
-  std::string reason_;
-};
-
-// The caller's future for an in-place collective: completes when `inner` does, with its value;
-// if `inner` fails, it marks `poison` and completes with `outputs` (as they were left), so
-// DDP's reducer never sees an error. Never raises on gloo's thread.
+// guard_future for a future Python holds (StepGuard.chain_native).
 std::shared_ptr<torch::jit::PythonFutureWrapper> guarded(
     const std::shared_ptr<torch::jit::PythonFutureWrapper>& inner,
     const std::vector<at::Tensor>& outputs,
     const std::shared_ptr<Poison>& poison) {
-  c10::IValue fallback(outputs);
-  auto child = inner->fut->then(
-      [fallback, poison](c10::ivalue::Future& parent) -> c10::IValue {
-        if (parent.hasError()) {
-          poison->mark("collective failed: " + parent.tryRetrieveErrorMessage());
-          return fallback;
-        }
-        return parent.value();
-      },
-      c10::ListType::create(c10::TensorType::get()));
-  return std::make_shared<torch::jit::PythonFutureWrapper>(child);
+  return std::make_shared<torch::jit::PythonFutureWrapper>(
+      guard_future(inner->fut, outputs, poison));
 }
 
 }  // namespace

@@ -72,6 +72,7 @@ class Recovery(GenerationEntry):
     _sums: ChunkSums | None
     _agreement: AgreementCheck
     _current_step: int | None
+    _set_chaos: Callable[[list[ChaosEvent]], None]
 
     def _report_and_wait(
         self, report: Report, *kinds: type[Message], idle: Callable[[], bool] | None = None
@@ -267,7 +268,7 @@ class Recovery(GenerationEntry):
         # A survivor's degraded hardware stays degraded: it keeps its own slow events.
         kept = [e for e in self._chaos if e.action == "slow"]
         handed = [ChaosEvent.from_dict(e) for e in plan.chaos]
-        self._chaos = kept + [e for e in handed if e not in kept]
+        self._set_chaos(kept + [e for e in handed if e not in kept])
         if plan.store is not None and plan.store != self._store_address:
             # A new leader serves the rendezvous store: the first one died with its host.
             host, _, port = plan.store.rpartition(":")

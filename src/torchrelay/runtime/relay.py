@@ -49,7 +49,7 @@ from torchrelay.runtime.data import epoch_length, sampler_loader, step_loader
 from torchrelay.runtime.ddp import fix_all_buckets, fix_buckets
 from torchrelay.runtime.devices import select_device
 from torchrelay.runtime.env import RelayEnv, host_pid
-from torchrelay.runtime.facade import StableProcessGroup
+from torchrelay.runtime.fast_lane import stable_group
 from torchrelay.runtime.guard import StepGuard, guard_optimizer
 from torchrelay.runtime.parking import Parking
 from torchrelay.runtime.posting import Poster
@@ -77,7 +77,7 @@ class Relay(ControlLink, Recovery, ChaosInjection, Parking):
         self.generation = joined.generation
         self.committed = -1
         self.guard = StepGuard()
-        self.process_group = StableProcessGroup(env.world_size, self.guard)
+        self.process_group = stable_group(env.world_size, self.guard)
         self.tracked = TrackedState()
         self.local: LocalMirror | None = None
         self.steps_per_epoch: int | None = None
@@ -92,7 +92,7 @@ class Relay(ControlLink, Recovery, ChaosInjection, Parking):
         self._waiting: Report | None = None  # what this process waits on a plan with
         self._waiting_lock = threading.RLock()
         self._handover_at: tuple[int, int] | None = None  # (generation, boundary step)
-        self._chaos = [ChaosEvent.from_dict(e) for e in joined.chaos]
+        self._set_chaos([ChaosEvent.from_dict(e) for e in joined.chaos])
         self._inbox: queue.Queue[Message] = queue.Queue()
         self._closing = threading.Event()
         self._current_step: int | None = None
@@ -125,7 +125,6 @@ class Relay(ControlLink, Recovery, ChaosInjection, Parking):
         threading.Thread(target=self._watch, name="torchrelay-watch", daemon=True).start()
         if self.rank is not None:
             self._first_bind()
-        self.process_group.after_allreduce_launch = self._on_allreduce_launch
         install_excepthook(self)
 
     # ------------------------------------------------------------------ public API
@@ -294,7 +293,7 @@ class Relay(ControlLink, Recovery, ChaosInjection, Parking):
             self._last_commit_t = time.time()
             if self.local is not None:
                 self.local.commit(True)
-            self.timer.commit()
+            self.timer.commit(self.process_group.last_launch())
             self._share_layout()
             if self.checkpoints is not None:
                 self.checkpoints.after_commit(step, self.rank, self.tracked, self.local)  # type: ignore[arg-type]

@@ -19,11 +19,10 @@ class StepTimer:
         self._steps: deque[float] = deque(maxlen=window)
         self._compute: deque[float] = deque(maxlen=window)
         self._started = 0.0
-        self._last_launch = 0.0
         self._running = False
 
     def start(self) -> None:
-        self._started = self._last_launch = time.perf_counter()
+        self._started = time.monotonic()
         self._running = True
 
     def abandon(self) -> None:
@@ -32,16 +31,15 @@ class StepTimer:
 
     def step_age(self) -> float | None:
         """Seconds since the running step began (``None`` between steps); any thread may ask."""
-        return time.perf_counter() - self._started if self._running else None
+        return time.monotonic() - self._started if self._running else None
 
-    def collective_launched(self) -> None:
-        self._last_launch = time.perf_counter()
-
-    def commit(self) -> None:
-        now = time.perf_counter()
+    def commit(self, last_launch: float) -> None:
+        """The step committed; ``last_launch``: ``time.monotonic()`` when its last all-reduce
+        was launched (earlier than the step's start if it launched none)."""
+        now = time.monotonic()
         self._running = False
         self._steps.append(now - self._started)
-        self._compute.append(self._last_launch - self._started)
+        self._compute.append(max(last_launch, self._started) - self._started)
 
     def medians(self) -> dict[str, float]:
         """``step_seconds`` and ``compute_seconds`` (empty before the first committed step)."""

@@ -165,7 +165,7 @@ class TransparentWorker:
         relay._current_step = None
         relay.committed = step
         relay._last_commit_t = time.time()
-        relay.timer.commit()
+        relay.timer.commit(relay.process_group.last_launch())
         relay._report_resumed()
         if relay.guard.poisoned or relay._handover_due():
             relay._recover(in_flight=None)
