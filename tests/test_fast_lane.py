@@ -17,7 +17,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tests.conftest import require_built
 from tests.gloo_pair import join_pair, run_pair
 from torchrelay.runtime import facade as facade_module
-from torchrelay.runtime.devices import new_group
+from torchrelay.runtime.devices import cuttable, new_group
 from torchrelay.runtime.fast_lane import NativeStableProcessGroup, stable_group
 from torchrelay.runtime.guard import NATIVE_SWITCH, StepGuard
 
@@ -190,10 +190,12 @@ def _aborted_member(rank: int, port: int, results: multiprocessing.Queue) -> Non
     work = facade.allreduce([buffer])
     waited = guard.oldest_wait()
     guard.abort(0)  # what the runtime does when the controller aborts the generation
+    cut = not cuttable(pair.inner)  # by the lane's release, not by any later timeout
     work.wait()
     results.put(
         (
             facade.lane.launched - launched,
+            cut,
             waited is not None,
             guard.oldest_wait(),
             buffer.unique().tolist(),
@@ -208,6 +210,6 @@ def _aborted_member(rank: int, port: int, results: multiprocessing.Queue) -> Non
 def test_an_aborted_collective_of_the_lane_is_released_untouched():
     require_built()
     (report,) = run_pair(_aborted_member, reports=1)
-    ran_in_lane, was_pending, pending_after, values, reason = report
-    assert ran_in_lane == 1 and was_pending and pending_after is None
+    ran_in_lane, cut, was_pending, pending_after, values, reason = report
+    assert ran_in_lane == 1 and cut and was_pending and pending_after is None
     assert values == [5.0] and "aborted" in reason
