@@ -33,6 +33,16 @@ class Member:
     facade: StableProcessGroup
 
 
+def plain_group(store: dist.Store, rank: int, size: int) -> dist.ProcessGroup:
+    """A ProcessGroup over gloo as torchrun makes it (DDP needs a ProcessGroup, not a bare
+    backend): plain DDP, to compare the stable group with."""
+    gloo = dist.ProcessGroupGloo(dist.PrefixStore("plain", store), rank, size, TIMEOUT)
+    group = dist.ProcessGroup(store, rank, size)
+    group._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, gloo)
+    group._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
+    return group
+
+
 def join_pair(rank: int, port: int) -> Member:
     """In a member process: the store (rank 0 hosts it), the group, and a facade bound to it
     in generation 0, as a job makes it (compiled where the guard is: then its later

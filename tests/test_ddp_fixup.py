@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from tests.gloo_pair import plain_group
 from torchrelay.runtime.ddp import fix_all_buckets
 from torchrelay.runtime.facade import StableProcessGroup
 from torchrelay.runtime.guard import StepGuard
@@ -44,21 +45,13 @@ def test_the_fixed_layout_is_the_one_a_first_backward_gives_plain_ddp():
     """Last layers first: their bucket's all-reduce overlaps the rest of the backward. In the
     parameters' own order, the first bucket waited for the first layer's gradient, the last
     one computed, and no all-reduce overlapped the backward."""
-    store = torch.distributed.HashStore()
-    plain_group = torch.distributed.ProcessGroup(store, 0, 1)
-    plain_group._register_backend(
-        torch.device("cpu"),
-        torch.distributed.ProcessGroup.BackendType.GLOO,
-        torch.distributed.ProcessGroupGloo(store, 0, 1),
-    )
-    plain_group._set_default_backend(torch.distributed.ProcessGroup.BackendType.GLOO)
 
     def model(group: torch.distributed.ProcessGroup) -> DDP:
         torch.manual_seed(0)
         layers = [torch.nn.Linear(256, 256) for _ in range(4)]  # 256 KiB: 2 layers a bucket
         return DDP(torch.nn.Sequential(*layers), process_group=group, bucket_cap_mb=0.4)
 
-    plain = model(plain_group)
+    plain = model(plain_group(torch.distributed.HashStore(), 0, 1))
     plain(torch.ones(2, 256)).sum().backward()
     plain.reducer._rebuild_buckets()  # what plain DDP's next forward does
     group = StableProcessGroup(1, StepGuard())

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import multiprocessing
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -15,7 +16,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from tests.conftest import require_built
-from tests.gloo_pair import join_pair, run_pair
+from tests.gloo_pair import join_pair, plain_group, run_pair
 from torchrelay.runtime import facade as facade_module
 from torchrelay.runtime.devices import cuttable, new_group
 from torchrelay.runtime.fast_lane import NativeStableProcessGroup, stable_group
@@ -124,8 +125,6 @@ def test_an_arm_from_state_read_before_a_disarm_fails(group):
 
 
 def test_the_last_launch_is_stamped_on_either_path(group):
-    import time
-
     before = time.monotonic()
     _sum(group)  # the Python path
     python_stamp = group.last_launch()
@@ -140,12 +139,8 @@ def test_without_the_compiled_guard_the_group_is_the_python_one(monkeypatch):
 
 def _ddp_member(rank: int, port: int, results: multiprocessing.Queue) -> None:
     pair = join_pair(rank, port)
-    plain = dist.ProcessGroupGloo(dist.PrefixStore("plain", pair.store), rank, 2, TIMEOUT)
-    wrapped = dist.ProcessGroup(pair.store, rank, 2)  # DDP needs a ProcessGroup, not a backend
-    wrapped._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, plain)
-    wrapped._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
     models = []
-    for process_group in (wrapped, pair.facade):
+    for process_group in (plain_group(pair.store, rank, 2), pair.facade):
         torch.manual_seed(0)
         model = DDP(
             torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2)),

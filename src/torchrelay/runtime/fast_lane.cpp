@@ -105,9 +105,12 @@ class Lane {
   double last_launch() const { return last_launch_.load(); }
   int64_t launched() const { return launched_.load(); }
 
-  template <typename Options, typename Launch>
+  // Runs `launch` (Backend::allreduce or Backend::broadcast) on the armed communicator, or
+  // hands the collective to the Python path.
+  template <typename Options>
   WorkPtr run(const char* kind, std::vector<at::Tensor>& tensors, const Options& opts,
-              Launch launch) {
+              WorkPtr (c10d::Backend::*launch)(std::vector<at::Tensor>&, const Options&)) {
+    const double started = monotonic_s();
     BackendPtr inner;
     int64_t id = 0;
     {
@@ -116,7 +119,7 @@ class Lane {
         inner = inner_;
         forget_ended();
         id = ++next_id_;
-        entries_.emplace(id, Entry{monotonic_s(), generation_, FuturePtr()});
+        entries_.emplace(id, Entry{started, generation_, FuturePtr()});
       }
     }
     if (!inner) {
@@ -132,7 +135,7 @@ class Lane {
       if (PyGILState_Check()) {
         no_gil.emplace();
       }
-      work = launch(*inner, tensors, launched_opts);
+      work = ((*inner).*launch)(tensors, launched_opts);
     } catch (const std::exception& error) {
       {
         std::lock_guard<std::mutex> hold(lock_);
@@ -142,7 +145,7 @@ class Lane {
       return completed(tensors);
     }
     auto future = guard_future(work->getFuture(), tensors, poison_);
-    last_launch_.store(monotonic_s());
+    last_launch_.store(started);
     launched_.fetch_add(1);
     bool drained = false;
     {
@@ -210,20 +213,12 @@ class LaneBackend : public c10d::Backend {
 
   WorkPtr allreduce(std::vector<at::Tensor>& tensors,
                     const c10d::AllreduceOptions& opts) override {
-    return lane_->run("allreduce", tensors, opts,
-                      [](c10d::Backend& inner, std::vector<at::Tensor>& outputs,
-                         c10d::AllreduceOptions& launched) {
-                        return inner.allreduce(outputs, launched);
-                      });
+    return lane_->run("allreduce", tensors, opts, &c10d::Backend::allreduce);
   }
 
   WorkPtr broadcast(std::vector<at::Tensor>& tensors,
                     const c10d::BroadcastOptions& opts) override {
-    return lane_->run("broadcast", tensors, opts,
-                      [](c10d::Backend& inner, std::vector<at::Tensor>& outputs,
-                         c10d::BroadcastOptions& launched) {
-                        return inner.broadcast(outputs, launched);
-                      });
+    return lane_->run("broadcast", tensors, opts, &c10d::Backend::broadcast);
   }
 
  private:
