@@ -10,20 +10,26 @@ benchmark runs both paths in the same two processes, interleaved in short blocks
   a job makes it (collectives in place, on a group whose connections can be cut), the optimizer
   guarded (:func:`guard_optimizer`), and what ``relay.steps()`` does around each step: the
   guard's new step and the per-step seeding (:func:`~torchrelay.runtime.rng.seed_all`), the
-  tracked state's snapshot. ``--control`` makes B plain DDP too, over a second gloo group:
-  the method's own bias, which should read 1.00. ``--facade-only`` leaves out the per-step
-  work; ``--unguarded``
-  also the stable group's guard (its collectives go straight to the inner group), to measure
-  what the guard costs. B's guard completes collectives in C++ where the launcher has built
-  it (:mod:`torchrelay.runtime.native`), in Python with ``TORCHRELAY_NATIVE_GUARD=0``;
-  the output says which.
+  tracked state's snapshot;
+- **C, the stable group alone**: B's very model, optimizer and group without that per-step
+  work. B and C take turns on B's model from round to round, so C/A against B/A is what the
+  per-step work costs, in the same processes and on the same memory.
 
-Each round runs ``--block`` steps of A, then of B (their order alternates between rounds), on the
-same batches (``bench.workload``'s small model unless ``--model``); per block, the wall time and
-the process's CPU time (every thread: gloo's and the completion callbacks included) per step.
-The ratios B/A are taken per round, a fraction of a second apart, and summarised as median and
-quartiles. Not measured here (they are not per-step costs of the training thread): the
-heartbeat and control threads, and the commit report, which go through ``bench.steady_check``.
+``--control`` puts B's and C's model on plain DDP over a second gloo group: C/A is then the
+method's own bias, which should read 1.00, and B/C the per-step work alone. ``--unguarded``
+sends the stable group's collectives straight to the inner group (no guard), to measure what
+the guard costs. B's guard completes collectives in C++ where the launcher has built it
+(:mod:`torchrelay.runtime.native`), in Python with ``TORCHRELAY_NATIVE_GUARD=0``; the output
+says which.
+
+Each round runs ``--block`` steps of A, then of B or C (in even rounds B, in odd rounds C; A
+goes first in half the rounds of each), on the same batches (``bench.workload``'s small model
+unless ``--model``); per block, the wall time and the process's CPU time (every thread: gloo's
+and the completion callbacks included) per step. The ratios to A are taken per round, a
+fraction of a second apart, and summarised as median (with its 95 % bootstrap interval) and
+quartiles. B's output also gives the per-step work's own wall time, timed in place. Not
+measured here (they are not per-step costs of the training thread): the heartbeat and control
+threads, and the commit report, which go through ``bench.steady_check``.
 """
 
 from __future__ import annotations
@@ -36,12 +42,16 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from bench.metrics import median_difference
 from bench.procs import ProcessSet, free_port, wait_exit, worker_env
 
 WORLD = 2
+VARIANTS = ("relay", "group")  # B and C
+LABELS = {"relay": "B, torchrelay's step", "group": "C, the stable group alone"}
 
 
 def _timed_block(step_fn: Any, steps: range) -> tuple[float, float, float]:
@@ -63,7 +73,6 @@ def _worker(
     rounds: int,
     block: int,
     out: Path,
-    facade_only: bool,
     unguarded: bool,
     control: bool,
 ) -> None:
@@ -127,28 +136,35 @@ def _worker(
         opt_a.step()
         opt_a.zero_grad()
 
-    def relay_step(step: int) -> None:
-        if not facade_only:
-            tracked.snapshot()
-            guard.begin_step()
-            seed_all(0, step, rank)
+    per_step_work = [0.0]  # wall seconds of relay.steps()'s work, summed over B's steps
+
+    def group_step(step: int) -> None:
         loss_fn(model_b, make_batch(model_size, step, rank)).backward()
         opt_b.step()
         opt_b.zero_grad()
         if guard.poisoned:
             raise RuntimeError(f"step {step} was poisoned: {guard.poison_reason}")
 
-    figures: dict[str, list[list[float]]] = {"plain": [], "relay": []}
-    # In a step from here on, as in training (--facade-only begins no other): collectives of
-    # a script's set-up run on private copies (see runtime.facade), and never in C++.
+    def relay_step(step: int) -> None:
+        began = time.perf_counter()
+        tracked.snapshot()
+        guard.begin_step()
+        seed_all(0, step, rank)
+        per_step_work[0] += time.perf_counter() - began
+        group_step(step)
+
+    figures: dict[str, list[list[float]]] = {"plain": [], "relay": [], "group": []}
+    # In a step from here on, as in training: collectives of a script's set-up run on private
+    # copies (see runtime.facade), and never in C++. C's steps begin no other.
     guard.begin_step()
     for warm in range(block):  # first calls, allocator, gloo connections
         plain_step(warm)
         relay_step(warm)
     for r in range(rounds):
         steps = range(block * (r + 1), block * (r + 2))
-        order = (("plain", plain_step), ("relay", relay_step))
-        for name, fn in order if r % 2 == 0 else reversed(order):
+        b_or_c = ("relay", relay_step) if r % 2 == 0 else ("group", group_step)
+        order = (("plain", plain_step), b_or_c)
+        for name, fn in order if r % 4 < 2 else reversed(order):
             plain.barrier().wait()
             figures[name].append(list(_timed_block(fn, steps)))
     same = all(
@@ -158,6 +174,7 @@ def _worker(
         lane = getattr(facade, "lane", None)
         launched = 0 if lane is None else lane.launched
         facts = {"weights_equal": same, "native": guard.native, "fast_lane": launched}
+        facts["per_step_work_s"] = per_step_work[0] / (block * (1 + (rounds + 1) // 2))
         out.write_text(json.dumps({**figures, **facts}))
     dist.destroy_process_group()
 
@@ -167,22 +184,15 @@ def _quartiles(values: list[float]) -> tuple[float, float, float]:
     return q1, q2, q3
 
 
-def measure(
-    model: str,
-    rounds: int,
-    block: int,
-    facade_only: bool = False,
-    unguarded: bool = False,
-    control: bool = False,
-    timeout_s: float = 900.0,
+def _run(
+    model: str, rounds: int, block: int, unguarded: bool, control: bool, timeout_s: float
 ) -> dict[str, Any]:
-    """Runs the two processes; returns per-round figures and the B/A ratios' quartiles."""
+    """One pair of processes; returns rank 0's raw figures."""
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp, ProcessSet() as procs:
         out = Path(tmp) / "ab.json"
         args = ["--port", str(port), "--model", model, "--rounds", str(rounds)]
         args += ["--block", str(block), "--out", str(out)]
-        args += ["--facade-only"] if facade_only else []
         args += ["--unguarded"] if unguarded else []
         args += ["--control"] if control else []
         children = [
@@ -197,21 +207,53 @@ def measure(
         for r, child in enumerate(children):
             if wait_exit(child, deadline) != 0:
                 raise RuntimeError((Path(tmp) / f"ab{r}.log").read_text()[-3000:])
-        raw = json.loads(out.read_text())
-    result: dict[str, Any] = {"raw": raw, "weights_equal": raw["weights_equal"]}
-    result["guard"] = "compiled" if raw["native"] else "python"
-    result["fast_lane"] = raw["fast_lane"]
+        return json.loads(out.read_text())
+
+
+def measure(
+    model: str,
+    rounds: int,
+    block: int,
+    unguarded: bool = False,
+    control: bool = False,
+    repeats: int = 1,
+    timeout_s: float = 900.0,
+) -> dict[str, Any]:
+    """``repeats`` runs of the two processes, one after the other; returns every run's raw
+    figures and the ratios' summaries over all their rounds pooled (a run's median moves by
+    1-3 % between runs of the same code here, more than within one)."""
+    raws = []
+    for run in range(repeats):
+        raws.append(_run(model, rounds, block, unguarded, control, timeout_s))
+        print(f"run {run + 1} of {repeats} done", file=sys.stderr, flush=True)
+    result: dict[str, Any] = {"raw": raws}
+    result["weights_equal"] = all(raw["weights_equal"] for raw in raws)
+    result["guard"] = "compiled" if all(raw["native"] for raw in raws) else "python"
+    result["fast_lane"] = [raw["fast_lane"] for raw in raws]
+    result["per_step_work_us"] = [1e6 * raw["per_step_work_s"] for raw in raws]
     for index, name in ((0, "wall"), (1, "cpu")):
-        ratios = [b[index] / a[index] for a, b in zip(raw["plain"], raw["relay"], strict=True)]
-        result[name] = {
-            "ratio_quartiles": _quartiles(ratios),
-            "plain_ms": 1e3 * statistics.median(a[index] for a in raw["plain"]),
-            "relay_ms": 1e3 * statistics.median(b[index] for b in raw["relay"]),
-        }
+        plain = [a[index] for raw in raws for a in raw["plain"]]
+        result[name] = {"plain_ms": 1e3 * statistics.median(plain)}
+        pooled = {v: [x for raw in raws for x in _ratios(raw, v, index)] for v in VARIANTS}
+        for variant, ratios in pooled.items():
+            excess = median_difference(ratios, [1.0])
+            result[name][variant] = {
+                "ratio_quartiles": _quartiles(ratios),
+                "ratio_interval": (1 + excess.lo, 1 + excess.hi),
+                "run_medians": [statistics.median(_ratios(raw, variant, index)) for raw in raws],
+            }
+        result[name]["per_step_work"] = asdict(median_difference(*pooled.values()))
     result["faults_per_step"] = {
-        name: statistics.median(block[2] for block in raw[name]) for name in ("plain", "relay")
+        name: statistics.median(block[2] for raw in raws for block in raw[name])
+        for name in ("plain", *VARIANTS)
     }
     return result
+
+
+def _ratios(raw: dict[str, Any], variant: str, index: int) -> list[float]:
+    """The variant's figure over A's in each round the variant ran."""
+    plain = raw["plain"][0 if variant == "relay" else 1 :: 2]
+    return [b[index] / a[index] for a, b in zip(plain, raw[variant], strict=True)]
 
 
 def main() -> None:
@@ -220,42 +262,50 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--model", default="small")
-    parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--rounds", type=int, default=80, help="rounds (B in half, C in half)")
     parser.add_argument("--block", type=int, default=10, help="steps per block")
-    parser.add_argument(
-        "--facade-only",
-        action="store_true",
-        help="B without the per-step work of relay.steps(): the collective path alone",
-    )
     parser.add_argument(
         "--unguarded",
         action="store_true",
-        help="B's stable group sends every collective straight to its inner group (no step "
+        help="the stable group sends every collective straight to its inner group (no step "
         "guard, no completion callback): what the guard costs, not a way to train",
     )
     parser.add_argument(
         "--control",
         action="store_true",
-        help="B is plain DDP too, over a second gloo group: the method's own bias (1.00)",
+        help="B's and C's model on plain DDP over a second gloo group: the method's own bias",
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="runs, one after the other, their rounds pooled"
     )
     parser.add_argument("--json", type=Path, default=None, help="write every figure here")
     a = parser.parse_args()
     if a.rank is not None:
-        _worker(
-            a.rank, a.port, a.model, a.rounds, a.block, a.out, a.facade_only, a.unguarded, a.control
-        )
+        _worker(a.rank, a.port, a.model, a.rounds, a.block, a.out, a.unguarded, a.control)
         return
-    r = measure(a.model, a.rounds, a.block, a.facade_only, a.unguarded, control=a.control)
+    r = measure(a.model, a.rounds, a.block, a.unguarded, a.control, a.repeats)
+    print(f"{a.repeats} run(s) of {a.rounds} rounds of {a.block} steps, the rounds pooled:")
     for name in ("wall", "cpu"):
-        q1, q2, q3 = r[name]["ratio_quartiles"]
+        print(f"{name} per step: plain DDP (A) {r[name]['plain_ms']:.2f} ms")
+        for variant in VARIANTS:
+            q1, q2, q3 = r[name][variant]["ratio_quartiles"]
+            lo, hi = r[name][variant]["ratio_interval"]
+            print(
+                f"  {LABELS[variant]} / A: median {q2:.3f} (95 % interval {lo:.3f}-{hi:.3f}; "
+                f"quartiles {q1:.3f}-{q3:.3f}); run medians "
+                + ", ".join(f"{m:.3f}" for m in r[name][variant]["run_medians"])
+            )
+        work = r[name]["per_step_work"]
         print(
-            f"{name} per step: plain DDP {r[name]['plain_ms']:.2f} ms, torchrelay "
-            f"{r[name]['relay_ms']:.2f} ms; ratio median {q2:.3f} (quartiles {q1:.3f}-{q3:.3f})"
+            f"  B - C, the per-step work: {work['median']:+.3f} "
+            f"(95 % interval {work['lo']:+.3f} to {work['hi']:+.3f})"
         )
-    print(f"B's step guard: {r['guard']}; collectives in the compiled fast lane: {r['fast_lane']}")
+    work_us = ", ".join(f"{us:.0f}" for us in r["per_step_work_us"])
+    print(f"the per-step work timed inside B's steps, µs a step: {work_us}")
+    lane = ", ".join(str(n) for n in r["fast_lane"])
+    print(f"B's step guard: {r['guard']}; collectives in the compiled fast lane: {lane}")
     faults = r["faults_per_step"]
-    print(f"minor page faults per step: plain DDP {faults['plain']:.0f}, ", end="")
-    print(f"torchrelay {faults['relay']:.0f}")
+    print("minor page faults per step: " + ", ".join(f"{k} {v:.0f}" for k, v in faults.items()))
     print(f"final weights bitwise equal: {r['weights_equal']}")
     if a.json:
         a.json.write_text(json.dumps(r))

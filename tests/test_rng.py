@@ -34,3 +34,11 @@ def test_each_rank_and_step_draws_its_own_stream() -> None:
     assert not torch.equal(draws[3, 0], draws[4, 0])
     seed_all(7, 3, 1)
     assert torch.equal(torch.rand(8), draws[3, 1])
+
+
+def test_seeds_of_neighbouring_steps_and_ranks_are_distinct_63_bit_numbers() -> None:
+    seeds = {seed_for(7, step, rank) for step in range(-1, 2000) for rank in range(8)}
+    assert len(seeds) == 2001 * 8
+    assert all(0 <= s < 2**63 for s in seeds)
+    # Every bit varies: the low 32 (numpy's seed) as well as the high ones.
+    assert all(len({(s >> bit) & 1 for s in seeds}) == 2 for bit in range(63))

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import copy
 import itertools
-import random
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -35,6 +34,8 @@ import numpy as np
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
+
+from torchrelay.runtime.rng import seed_all
 
 
 def steps_per_epoch(num_samples: int, batch_size: int, world_size: int) -> int:
@@ -188,10 +189,7 @@ class SeededFetch(Dataset[Any]):
         return self.__getitems__([keyed])[0]
 
     def __getitems__(self, keyed: list[tuple[tuple[int, ...], int]]) -> list[Any]:
-        words = np.random.SeedSequence(list(keyed[0][0])).generate_state(2, dtype=np.uint32)
-        torch.manual_seed(int(words[0]) << 32 | int(words[1]))
-        random.seed(int(words[0]))
-        np.random.seed(int(words[1]))
+        seed_all(*keyed[0][0])
         indices = [index for _, index in keyed]
         fetch = getattr(self.dataset, "__getitems__", None)
         return list(fetch(indices)) if fetch else [self.dataset[i] for i in indices]
