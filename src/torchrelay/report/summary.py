@@ -51,6 +51,7 @@ def summarize(run_dir: Path) -> dict[str, Any]:
     end = next((e for e in reversed(events) if isinstance(e, JobEnd)), None)
     recoveries = [e for e in events if isinstance(e, RecoveryDone)]
     abandoned = [e for e in events if isinstance(e, RecoveryAbandoned)]
+    fired = {e.process for e in events if isinstance(e, ChaosFired)}
     failures = []
     for event in (e for e in events if isinstance(e, Failure)):
         recovery = next(
@@ -58,6 +59,9 @@ def summarize(run_dir: Path) -> dict[str, Any]:
             None,
         )
         entry = _failure_entry(event, recovery)
+        # Whether a drill injected the fault into that process; else it failed by itself or
+        # as a consequence of another failure (a survivor whose collective a kill left stuck).
+        entry["injected"] = event.process in fired
         # A recovery given up for want of spares names the step in flight exactly.
         given_up = [a for a in abandoned if event.slot in a.slots and a.t >= event.t]  # type: ignore[operator]
         if recovery is None and given_up:
