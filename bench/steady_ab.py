@@ -234,13 +234,14 @@ def measure(
     for index, name in ((0, "wall"), (1, "cpu")):
         plain = [a[index] for raw in raws for a in raw["plain"]]
         result[name] = {"plain_ms": 1e3 * statistics.median(plain)}
-        pooled = {v: [x for raw in raws for x in _ratios(raw, v, index)] for v in VARIANTS}
+        per_run = {v: [_ratios(raw, v, index) for raw in raws] for v in VARIANTS}
+        pooled = {v: [x for run in runs for x in run] for v, runs in per_run.items()}
         for variant, ratios in pooled.items():
             excess = median_difference(ratios, [1.0])
             result[name][variant] = {
                 "ratio_quartiles": _quartiles(ratios),
                 "ratio_interval": (1 + excess.lo, 1 + excess.hi),
-                "run_medians": [statistics.median(_ratios(raw, variant, index)) for raw in raws],
+                "run_medians": [statistics.median(run) for run in per_run[variant]],
             }
         result[name]["per_step_work"] = asdict(median_difference(*pooled.values()))
     result["faults_per_step"] = {

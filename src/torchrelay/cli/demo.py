@@ -118,12 +118,11 @@ def verdict(summary: dict[str, Any], identical: bool, tensors: int) -> list[str]
     lost = sum(f["lost_steps"] or 0 for f in failures)
     if not identical or summary["recovered"] != len(failures) or lost:
         return None
-    killed = sum(1 for f in failures if f["injected"])
-    lines = [
-        f"{killed} worker(s) killed, 0 committed steps lost, final weights bitwise identical "
-        f"to the failure-free run ({tensors} tensors)."
-    ]
     others = [f for f in failures if not f["injected"]]
+    lines = [
+        f"{len(failures) - len(others)} worker(s) killed, 0 committed steps lost, final weights "
+        f"bitwise identical to the failure-free run ({tensors} tensors)."
+    ]
     if others:
         lines.append(
             f"{len(others)} more worker(s) failed after a kill and were replaced as well: "
