@@ -27,7 +27,10 @@ goes first in half the rounds of each), on the same batches (``bench.workload``'
 unless ``--model``); per block, the wall time and the process's CPU time (every thread: gloo's
 and the completion callbacks included) per step. The ratios to A are taken per round, a
 fraction of a second apart, and summarised as median (with its 95 % bootstrap interval) and
-quartiles. B's output also gives the per-step work's own wall time, timed in place. Not
+quartiles. B - C is also taken per run, a run being a pair (B and C share its processes), and
+summarised over the runs, whose spread a pooled interval leaves out. B's output also gives the
+per-step work's own wall time, timed in place. ``--json`` saves a series and ``--pool``
+summarizes saved series together (a tree's runs alternated with ``--control`` runs, say). Not
 measured here (they are not per-step costs of the training thread): the heartbeat and control
 threads, and the commit report, which go through ``bench.steady_check``.
 """
@@ -219,13 +222,18 @@ def measure(
     repeats: int = 1,
     timeout_s: float = 900.0,
 ) -> dict[str, Any]:
-    """``repeats`` runs of the two processes, one after the other; returns every run's raw
-    figures and the ratios' summaries over all their rounds pooled (a run's median moves by
-    1-3 % between runs of the same code here, more than within one)."""
+    """``repeats`` runs of the two processes, one after the other: see :func:`summarize`."""
     raws = []
     for run in range(repeats):
         raws.append(_run(model, rounds, block, unguarded, control, timeout_s))
         print(f"run {run + 1} of {repeats} done", file=sys.stderr, flush=True)
+    return summarize(raws)
+
+
+def summarize(raws: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every run's raw figures and the ratios' summaries over all their rounds pooled (a run's
+    median moves by 1-3 % between runs of the same code here, more than within one), with
+    B - C also per run and over the runs."""
     result: dict[str, Any] = {"raw": raws}
     result["weights_equal"] = all(raw["weights_equal"] for raw in raws)
     result["guard"] = "compiled" if all(raw["native"] for raw in raws) else "python"
@@ -238,17 +246,43 @@ def measure(
         pooled = {v: [x for run in runs for x in run] for v, runs in per_run.items()}
         for variant, ratios in pooled.items():
             excess = median_difference(ratios, [1.0])
+            medians = [statistics.median(run) for run in per_run[variant]]
+            over_runs = median_difference(medians, [1.0])
             result[name][variant] = {
                 "ratio_quartiles": _quartiles(ratios),
                 "ratio_interval": (1 + excess.lo, 1 + excess.hi),
-                "run_medians": [statistics.median(run) for run in per_run[variant]],
+                "run_medians": medians,
+                "runs_interval": (1 + over_runs.lo, 1 + over_runs.hi),
             }
         result[name]["per_step_work"] = asdict(median_difference(*pooled.values()))
+        # Each run's B - C: the two take turns in the same processes, so a run is a pair, and
+        # the runs' spread (the processes' placement, what else ran) is in the interval.
+        paired = [
+            statistics.median(b) - statistics.median(c)
+            for b, c in zip(per_run["relay"], per_run["group"], strict=True)
+        ]
+        result[name]["per_step_work_runs"] = paired
+        result[name]["per_step_work_over_runs"] = asdict(median_difference(paired, [0.0]))
     result["faults_per_step"] = {
         name: statistics.median(block[2] for raw in raws for block in raw[name])
         for name in ("plain", *VARIANTS)
     }
     return result
+
+
+def _saved_runs(parser: argparse.ArgumentParser, paths: list[Path]) -> list[dict[str, Any]]:
+    """The runs saved with ``--json`` in ``paths``; a usage error if one cannot be read."""
+    raws = []
+    for path in paths:
+        try:
+            saved = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            parser.error(f"--pool: cannot read {path}: {exc}")
+        runs = saved.get("raw") if isinstance(saved, dict) else None
+        if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
+            parser.error(f"--pool: {path} holds no runs under 'raw': not saved with --json")
+        raws += runs
+    return raws
 
 
 def _ratios(raw: dict[str, Any], variant: str, index: int) -> list[float]:
@@ -280,26 +314,44 @@ def main() -> None:
         "--repeats", type=int, default=1, help="runs, one after the other, their rounds pooled"
     )
     parser.add_argument("--json", type=Path, default=None, help="write every figure here")
+    parser.add_argument(
+        "--pool",
+        type=Path,
+        nargs="+",
+        default=None,
+        metavar="JSON",
+        help="run nothing: summarize the runs saved with --json in these files, pooled (runs "
+        "of one tree interleaved with --control runs, say)",
+    )
     a = parser.parse_args()
     if a.rank is not None:
         _worker(a.rank, a.port, a.model, a.rounds, a.block, a.out, a.unguarded, a.control)
         return
-    r = measure(a.model, a.rounds, a.block, a.unguarded, a.control, a.repeats)
-    print(f"{a.repeats} run(s) of {a.rounds} rounds of {a.block} steps, the rounds pooled:")
+    if a.pool:
+        r = summarize(_saved_runs(parser, a.pool))
+        print(f"{len(r['raw'])} saved run(s) from {len(a.pool)} file(s), the rounds pooled:")
+    else:
+        r = measure(a.model, a.rounds, a.block, a.unguarded, a.control, a.repeats)
+        print(f"{a.repeats} run(s) of {a.rounds} rounds of {a.block} steps, the rounds pooled:")
     for name in ("wall", "cpu"):
         print(f"{name} per step: plain DDP (A) {r[name]['plain_ms']:.2f} ms")
         for variant in VARIANTS:
             q1, q2, q3 = r[name][variant]["ratio_quartiles"]
             lo, hi = r[name][variant]["ratio_interval"]
+            medians = r[name][variant]["run_medians"]
+            run_lo, run_hi = r[name][variant]["runs_interval"]
             print(
                 f"  {LABELS[variant]} / A: median {q2:.3f} (95 % interval {lo:.3f}-{hi:.3f}; "
                 f"quartiles {q1:.3f}-{q3:.3f}); run medians "
-                + ", ".join(f"{m:.3f}" for m in r[name][variant]["run_medians"])
+                + ", ".join(f"{m:.3f}" for m in medians)
+                + f", their median {statistics.median(medians):.3f} ({run_lo:.3f}-{run_hi:.3f})"
             )
-        work = r[name]["per_step_work"]
+        work, runs = r[name]["per_step_work"], r[name]["per_step_work_over_runs"]
         print(
             f"  B - C, the per-step work: {work['median']:+.3f} "
-            f"(95 % interval {work['lo']:+.3f} to {work['hi']:+.3f})"
+            f"(95 % interval {work['lo']:+.3f} to {work['hi']:+.3f}); per run "
+            + ", ".join(f"{x:+.3f}" for x in r[name]["per_step_work_runs"])
+            + f", their median {runs['median']:+.3f} ({runs['lo']:+.3f} to {runs['hi']:+.3f})"
         )
     work_us = ", ".join(f"{us:.0f}" for us in r["per_step_work_us"])
     print(f"the per-step work timed inside B's steps, µs a step: {work_us}")
