@@ -244,23 +244,20 @@ def summarize(raws: list[dict[str, Any]]) -> dict[str, Any]:
         result[name] = {"plain_ms": 1e3 * statistics.median(plain)}
         per_run = {v: [_ratios(raw, v, index) for raw in raws] for v in VARIANTS}
         pooled = {v: [x for run in runs for x in run] for v, runs in per_run.items()}
+        medians = {v: [statistics.median(run) for run in runs] for v, runs in per_run.items()}
         for variant, ratios in pooled.items():
             excess = median_difference(ratios, [1.0])
-            medians = [statistics.median(run) for run in per_run[variant]]
-            over_runs = median_difference(medians, [1.0])
+            over_runs = median_difference(medians[variant], [1.0])
             result[name][variant] = {
                 "ratio_quartiles": _quartiles(ratios),
                 "ratio_interval": (1 + excess.lo, 1 + excess.hi),
-                "run_medians": medians,
+                "run_medians": medians[variant],
                 "runs_interval": (1 + over_runs.lo, 1 + over_runs.hi),
             }
         result[name]["per_step_work"] = asdict(median_difference(*pooled.values()))
         # Each run's B - C: the two take turns in the same processes, so a run is a pair, and
         # the runs' spread (the processes' placement, what else ran) is in the interval.
-        paired = [
-            statistics.median(b) - statistics.median(c)
-            for b, c in zip(per_run["relay"], per_run["group"], strict=True)
-        ]
+        paired = [b - c for b, c in zip(medians["relay"], medians["group"], strict=True)]
         result[name]["per_step_work_runs"] = paired
         result[name]["per_step_work_over_runs"] = asdict(median_difference(paired, [0.0]))
     result["faults_per_step"] = {
