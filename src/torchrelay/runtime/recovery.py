@@ -290,7 +290,7 @@ class Recovery(GenerationEntry):
         own = self.tracked.state()
         prepared = None if self._prefault is None else self._prefault.take()
         ready, self._prefault, self._sums = self._sums, None, None
-        if ready is not None and slot not in sources:
+        if ready is not None and me not in sources:
             ready.take()  # stop hashing: this rank sends nothing
         inner = self.process_group.inner
         assert inner is not None
