@@ -17,6 +17,10 @@ timed to the agent's handle, the template's report included).
 ``--resident-gib`` adds processes holding that much written memory, each with and without
 torchrelay's exit holder (:mod:`torchrelay.runtime.exit_holder`, which leaves the unmapping
 to a process sharing the memory): the floor against memory, and what the holder leaves of it.
+
+Every sample runs twice: with 4 KiB pages, and with the heap in transparent huge pages as the
+node agent starts workers (:mod:`torchrelay.agent.hugepages`), where the kernel unmaps 512
+times fewer pages.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import time
 from pathlib import Path
 
 from bench.procs import worker_env
+from torchrelay.agent.hugepages import SWITCH
 from torchrelay.agent.template import NodeTemplate
 
 _DIE = """
@@ -59,10 +64,10 @@ VARIANTS = {
 }
 
 
-def kill_to_reaped(prelude: str) -> float:
+def kill_to_reaped(prelude: str, env: dict[str, str]) -> float:
     """Seconds from a child's self-SIGKILL to its parent's ``waitpid`` returning."""
     child = subprocess.Popen(
-        [sys.executable, "-c", prelude + _DIE], stdout=subprocess.PIPE, env=worker_env()
+        [sys.executable, "-c", prelude + _DIE], stdout=subprocess.PIPE, env=env
     )
     assert child.stdout is not None
     killed_at = float(child.stdout.readline())
@@ -70,17 +75,17 @@ def kill_to_reaped(prelude: str) -> float:
     return time.time() - killed_at
 
 
-def forked_kill_to_reaped(prelude: str, samples: int) -> list[float]:
+def forked_kill_to_reaped(prelude: str, samples: int, env: dict[str, str]) -> list[float]:
     """:func:`kill_to_reaped` for children forked from one template, as the agent forks them."""
     with tempfile.TemporaryDirectory(prefix="exit-floor-") as tmp:
         script = Path(tmp) / "die.py"
         script.write_text(prelude + _DIE)
         template = NodeTemplate(Path(tmp) / "template.log")
-        template.start(worker_env())
+        template.start(env)
         try:
             seconds = []
             for _ in range(samples):
-                child = template.fork([str(script)], worker_env())
+                child = template.fork([str(script)], env)
                 killed_at = float(child.stdout.readline())
                 child.wait()
                 seconds.append(time.time() - killed_at)
@@ -104,19 +109,22 @@ def main() -> None:
     parser.add_argument("--model", default="small")
     parser.add_argument("--resident-gib", default="", help="e.g. 0.25,1,4 (GiB written)")
     args = parser.parse_args()
-    for name, prelude in VARIANTS.items():
-        seconds = [kill_to_reaped(prelude.format(model=args.model)) for _ in range(args.samples)]
-        _print(name.format(model=args.model), seconds)
-    train = _TRAIN.format(model=args.model)
-    _print(
-        f"training process ({args.model}), forked from a template",
-        forked_kill_to_reaped(train, args.samples),
-    )
-    for gib in filter(None, args.resident_gib.split(",")):
-        resident = _RESIDENT.format(gib=float(gib))
-        for label, prelude in (("", resident), (", with its exit holder", resident + _HOLD)):
-            seconds = [kill_to_reaped(prelude) for _ in range(args.samples)]
-            _print(f"{gib} GiB resident{label}", seconds)
+    for pages, switch in (("4 KiB pages", "0"), ("huge pages", "1")):
+        env = worker_env(**{SWITCH: switch})
+        for name, prelude in VARIANTS.items():
+            prelude = prelude.format(model=args.model)
+            seconds = [kill_to_reaped(prelude, env) for _ in range(args.samples)]
+            _print(f"{name.format(model=args.model)}, {pages}", seconds)
+        train = _TRAIN.format(model=args.model)
+        _print(
+            f"training process ({args.model}), forked from a template, {pages}",
+            forked_kill_to_reaped(train, args.samples, env),
+        )
+        for gib in filter(None, args.resident_gib.split(",")):
+            resident = _RESIDENT.format(gib=float(gib))
+            for label, prelude in (("", resident), (", with its exit holder", resident + _HOLD)):
+                seconds = [kill_to_reaped(prelude, env) for _ in range(args.samples)]
+                _print(f"{gib} GiB resident{label}, {pages}", seconds)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
+from torchrelay.agent.hugepages import hugepage_environment
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 WORKERS = Path(__file__).resolve().parent / "workers"
 BIN = Path(sys.executable).parent
@@ -32,9 +34,9 @@ def free_port() -> int:
 
 
 def worker_env(**extra: str) -> dict[str, str]:
-    """The environment every child gets: one intra-op thread (2 cores, 2+ processes), and this
-    checkout's ``src`` first on the path (``$BENCH_SRC`` instead, to measure another tree), then
-    the caller's ``$PYTHONPATH``."""
+    """The environment every child gets: one intra-op thread (2 cores, 2+ processes), the heap
+    in huge pages, and this checkout's ``src`` first on the path (``$BENCH_SRC`` instead, to
+    measure another tree), then the caller's ``$PYTHONPATH``."""
     env = dict(os.environ)
     src = os.environ.get("BENCH_SRC") or str(REPO_ROOT / "src")
     # After ours, the caller's path: where it keeps packages of its own (scripts/gpu_check.sh).
@@ -45,6 +47,9 @@ def worker_env(**extra: str) -> dict[str, str]:
         PYTHONUNBUFFERED="1",
         **extra,
     )
+    # As torchrelay's node agent starts its workers, so that every system compared runs on
+    # the same allocator (``TORCHRELAY_HUGEPAGES=0``: all on 4 KiB pages).
+    env.update(hugepage_environment(env))
     return env
 
 

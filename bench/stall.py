@@ -8,6 +8,9 @@ kill -> first step, the bench's stall per failure and the transfer's MB/s, for e
 the differences with their 95 % intervals: on this 2-core VM the interval of the total is
 about +-10 ms with 9 kills a tree (``--pairs 3``) and +-6 ms with 15 (bench/analysis.md,
 "Tenth pass").
+``--baseline-env KEY=VALUE`` (repeatable) runs the baseline with those environment settings,
+on this tree when no ``--baseline-src`` is given: a switch measured on and off in turn, e.g.
+``TORCHRELAY_HUGEPAGES=0``.
 ``--resident-gib`` makes each worker hold that much more host memory, as real trainers do:
 what the kernel unmaps when one is killed.
 Both trees run the same worker scripts (this checkout's ``bench/workers``).
@@ -16,10 +19,12 @@ Both trees run the same worker scripts (this checkout's ``bench/workers``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from bench import metrics
@@ -70,6 +75,28 @@ def _difference(a: list[float], b: list[float], scale: float = 1e3) -> str:
     return f"{d.median * scale:+.1f} [{d.lo * scale:+.1f}, {d.hi * scale:+.1f}]{mark}"
 
 
+def _setting(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not key or not sep:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    return key, value
+
+
+@contextlib.contextmanager
+def environment(settings: dict[str, str]) -> Iterator[None]:
+    """``os.environ`` with ``settings`` while the block runs, as it was afterwards."""
+    saved = {key: os.environ.get(key) for key in settings}
+    os.environ.update(settings)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--pairs", type=int, default=2)
@@ -81,22 +108,31 @@ def main() -> None:
         default=0.0,
         help="host memory each worker holds besides its state, as a real trainer does",
     )
+    parser.add_argument(
+        "--baseline-env",
+        action="append",
+        default=[],
+        type=_setting,
+        metavar="KEY=VALUE",
+        help="an environment setting for the baseline's jobs (repeatable)",
+    )
     args = parser.parse_args()
     os.environ[RESIDENT_GIB] = str(args.resident_gib)
     config = PRESETS["default"]
     scenario = next(s for s in config.scenarios if s.model == args.model)
-    trees = {"this tree": None}
-    if args.baseline_src:
-        trees["baseline"] = str(args.baseline_src.resolve())
+    # Each tree's environment settings; the baseline's tree is named by BENCH_SRC.
+    trees: dict[str, dict[str, str]] = {"this tree": {}}
+    if args.baseline_src or args.baseline_env:
+        trees["baseline"] = dict(args.baseline_env)
+        if args.baseline_src:
+            trees["baseline"]["BENCH_SRC"] = str(args.baseline_src.resolve())
     results: dict[str, list[JobResult]] = {tree: [] for tree in trees}
     with tempfile.TemporaryDirectory(prefix="bench-stall-") as tmp:
         for pair in range(args.pairs):
-            for tree, src in trees.items():
-                os.environ.pop("BENCH_SRC", None)
-                if src:
-                    os.environ["BENCH_SRC"] = src
+            for tree, settings in trees.items():
                 workdir = Path(tmp) / f"{tree.replace(' ', '_')}{pair}"
-                job = run_job(TorchrelaySpare(), scenario, config, pair, True, workdir)
+                with environment(settings):
+                    job = run_job(TorchrelaySpare(), scenario, config, pair, True, workdir)
                 if job.error:
                     raise SystemExit(f"{tree}: {job.error}")
                 results[tree].append(job)

@@ -1,13 +1,15 @@
 """``python -m bench.stall_sweep``: recovery stall against the memory a killed worker holds.
 
 The kernel unmaps a killed process's memory before anyone can learn of its death (see
-``bench.exit_floor``), so without torchrelay's exit holder (:mod:`torchrelay.runtime.exit_holder`)
-a worker's host memory is added to every recovery's detection, ~70 ms per GiB. Each size runs
-torchrelay jobs of ``bench.config``'s small scenario (3 SIGKILLs each) whose workers hold that
-many GiB besides their state (``bench.stall --resident-gib``), alternately with the holder and
-without it (``TORCHRELAY_EXIT_HOLDER=0``), ``--pairs`` times; prints one row per size and
-setting (ledger phases as ``bench.stall`` prints them) and plots stall and detection against
-the size (``--out``, docs/img/stall_sweep.png), with the figures in ``--json``.
+``bench.exit_floor``), so a worker's host memory is added to every recovery's detection: ~70 ms
+per GiB on 4 KiB pages, about a tenth of that on the huge pages the node agent gives workers'
+heaps (:mod:`torchrelay.agent.hugepages`), next to nothing with torchrelay's exit holder
+(:mod:`torchrelay.runtime.exit_holder`, opt-in). Each size runs torchrelay jobs of
+``bench.config``'s small scenario (3 SIGKILLs each) whose workers hold that many GiB besides
+their state (``bench.stall --resident-gib``), in each of the :data:`SETTINGS` in turn,
+``--pairs`` times; prints one row per size and setting (ledger phases as ``bench.stall``
+prints them) and plots stall and detection against the size (``--out``,
+docs/img/stall_sweep.png), with the figures in ``--json``.
 """
 
 from __future__ import annotations
@@ -26,13 +28,19 @@ import matplotlib.pyplot as plt
 from bench import metrics
 from bench.config import PRESETS
 from bench.runner import run_job
-from bench.stall import PHASES
+from bench.stall import PHASES, environment
 from bench.systems import TorchrelaySpare
 from bench.workload import RESIDENT_GIB
-from torchrelay.runtime.exit_holder import SWITCH
+from torchrelay.agent.hugepages import SWITCH as HUGEPAGES
+from torchrelay.runtime.exit_holder import SWITCH as HOLDER
 
-SETTINGS = {"with the exit holder": "1", "without (TORCHRELAY_EXIT_HOLDER=0)": "0"}
-COLORS = {"with the exit holder": "tab:blue", "without (TORCHRELAY_EXIT_HOLDER=0)": "tab:red"}
+# Each setting's environment, and its color in the plot.
+SETTINGS = {
+    "huge pages (the default)": {HUGEPAGES: "1", HOLDER: "0"},
+    "huge pages and the exit holder": {HUGEPAGES: "1", HOLDER: "1"},
+    "4 KiB pages (TORCHRELAY_HUGEPAGES=0)": {HUGEPAGES: "0", HOLDER: "0"},
+}
+COLORS = dict(zip(SETTINGS, ("tab:green", "tab:blue", "tab:red"), strict=True))
 
 
 def _median_ms(values: list[float]) -> float:
@@ -48,10 +56,10 @@ def measure(sizes: list[float], pairs: int) -> list[dict]:
             os.environ[RESIDENT_GIB] = str(gib)
             runs: dict[str, list] = {name: [] for name in SETTINGS}
             for pair in range(pairs):
-                for name, switch in SETTINGS.items():
-                    os.environ[SWITCH] = switch
-                    workdir = Path(tmp) / f"{gib}-{switch}-{pair}"
-                    job = run_job(TorchrelaySpare(), scenario, config, pair, True, workdir)
+                for index, (name, settings) in enumerate(SETTINGS.items()):
+                    workdir = Path(tmp) / f"{gib}-{index}-{pair}"
+                    with environment(settings):
+                        job = run_job(TorchrelaySpare(), scenario, config, pair, True, workdir)
                     if job.error:
                         raise SystemExit(f"{gib} GiB, {name}: {job.error}")
                     runs[name].append(job)
@@ -63,7 +71,6 @@ def measure(sizes: list[float], pairs: int) -> list[dict]:
                 row["stall"] = [i.stall_s for j in jobs for i in j.impacts]
                 rows.append(row)
                 print(json.dumps({k: row[k] for k in ("gib", "setting", "stall")}), flush=True)
-    os.environ.pop(SWITCH, None)
     return rows
 
 

@@ -3,6 +3,11 @@ medians with its 95 % interval, marked as noise when the interval spans 0."""
 
 from __future__ import annotations
 
+import argparse
+import os
+
+import pytest
+
 from bench import stall
 from bench.metrics import FailureImpact, RecoveryPhases
 from bench.runner import JobResult
@@ -35,3 +40,14 @@ def test_two_trees_get_a_row_of_differences_that_says_which_are_noise():
 
 def test_one_tree_gets_no_row_of_differences():
     assert len(stall.table({"this tree": [_job([60, 61])]}).splitlines()) == 3
+
+
+def test_a_baseline_setting_holds_only_while_its_jobs_run(monkeypatch):
+    monkeypatch.setenv("TORCHRELAY_HUGEPAGES", "1")
+    monkeypatch.delenv("BENCH_SRC", raising=False)
+    settings = dict([stall._setting("TORCHRELAY_HUGEPAGES=0"), stall._setting("BENCH_SRC=/b")])
+    with stall.environment(settings):
+        assert os.environ["TORCHRELAY_HUGEPAGES"] == "0" and os.environ["BENCH_SRC"] == "/b"
+    assert os.environ["TORCHRELAY_HUGEPAGES"] == "1" and "BENCH_SRC" not in os.environ
+    with pytest.raises(argparse.ArgumentTypeError, match="not KEY=VALUE"):
+        stall._setting("TORCHRELAY_HUGEPAGES")

@@ -26,6 +26,7 @@ from collections.abc import Callable, Collection, Iterable
 from typing import IO, Any
 
 from torchrelay.agent.copying import Copying
+from torchrelay.agent.hugepages import hugepage_environment
 from torchrelay.agent.resume import checkpoint_environment
 from torchrelay.agent.spawn import ask_group_to_end, await_group_end, signal_group, spawn
 from torchrelay.agent.stack_dump import StackDumps
@@ -103,6 +104,7 @@ class NodeAgent(Copying):
             env.update(worker_environment(env))
         # Like torchrun: several processes per node must not each spawn a thread per core.
         env.setdefault("OMP_NUM_THREADS", "1")
+        env.update(hugepage_environment(env))
         self.environment = env
 
     # ------------------------------------------------------------------ start

@@ -1,0 +1,82 @@
+"""Every process the node agent starts, forked from its template or not, keeps its heap in
+transparent huge pages (``agent.hugepages``), unless the switch or the user's own tunable says
+otherwise."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from torchrelay.agent.agent import NodeAgent
+from torchrelay.agent.hugepages import SWITCH, TUNABLES, hugepage_environment
+from torchrelay.config import JobConfig
+
+THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+# 64 MiB written through malloc, then how much of this process's memory is in huge pages.
+_WORKER = """
+import re, signal
+data = bytearray(b"\\x01") * (64 << 20)
+rollup = open("/proc/self/smaps_rollup").read()
+print(re.search(r"AnonHugePages:\\s+(\\d+) kB", rollup).group(1), flush=True)
+signal.pause()
+"""
+
+
+def _thp_mode() -> str:
+    """The kernel's THP mode (``always``, ``madvise`` or ``never``), bracketed in the file."""
+    text = THP_MODE.read_text() if THP_MODE.exists() else "[never]"
+    return text.split("[", 1)[1].split("]", 1)[0]
+
+
+def test_the_tunable_is_added_to_the_users_own():
+    assert hugepage_environment({}) == {TUNABLES: "glibc.malloc.hugetlb=1"}
+    assert hugepage_environment({TUNABLES: "glibc.malloc.arena_max=2"}) == {
+        TUNABLES: "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
+    }
+
+
+def test_the_switch_or_the_users_setting_leaves_the_environment_as_it_is():
+    assert hugepage_environment({SWITCH: "0"}) == {}
+    assert hugepage_environment({TUNABLES: "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=0"}) == {}
+
+
+def _huge_kib(agent: NodeAgent) -> int:
+    """What worker0 printed: the KiB of its memory in huge pages."""
+    log = agent.log_dir / "worker0.log"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        text = log.read_text() if log.exists() else ""
+        if text.endswith("\n"):
+            return int(text)
+        time.sleep(0.05)
+    raise AssertionError(f"worker0 did not report its huge pages: {text!r}")
+
+
+@pytest.mark.skipif(_thp_mode() == "never", reason="the kernel's THP mode is never")
+@pytest.mark.parametrize("template", [True, False], ids=["forked", "spawned"])
+@pytest.mark.parametrize("switch", ["1", "0"])
+def test_a_workers_heap_is_in_huge_pages(tmp_path, monkeypatch, template, switch):
+    if switch == "0" and _thp_mode() == "always":
+        pytest.skip("with THP always on, every heap has huge pages")
+    monkeypatch.setenv(SWITCH, switch)
+    monkeypatch.delenv(TUNABLES, raising=False)
+    script = tmp_path / "heap.py"
+    script.write_text(_WORKER)
+    config = JobConfig(
+        str(script), [], nproc_per_node=1, run_dir=tmp_path, stream_output=False, template=template
+    )
+    exited = threading.Event()
+    agent = NodeAgent(config, "node0", on_exit=lambda process, code: exited.set())
+    agent.configure(1, "127.0.0.1:1", "token")
+    try:
+        agent.start_workers()
+        huge = _huge_kib(agent)
+    finally:
+        agent.kill_all()
+    if switch == "1":
+        assert huge >= 32 << 10, f"only {huge} KiB of a 64 MiB heap in huge pages"
+    else:
+        assert huge == 0
