@@ -47,10 +47,11 @@ Weights = dict[str, torch.Tensor]
 # all-reduce during interpreter shutdown takes the GIL, is ended by Python, and the unwinding
 # through a noexcept destructor aborts the process (core dump here: ~AsyncAllreduceWork ->
 # ~ThreadLocalState -> SafePyObject decref -> PyThread_exit_thread -> std::terminate; upstream:
-# pytorch/pytorch#190489). Under load it hit about 1 plain torchrun run in 12. The reference
-# run is repeated when, and only when, that is how it ended.
+# pytorch/pytorch#190489). Under load it hit about 1 plain torchrun run in 12, and about 1
+# transparent job in 70. A run, the reference's or torchrelay's, is repeated when, and
+# only when, that is how it ended.
 TORCH_TEARDOWN_ABORT = "terminate called without an active exception"
-TORCHRUN_ATTEMPTS = 3
+ATTEMPTS = 3
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +62,7 @@ def torchrun(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Weights]
     def weights(script: str, *args: str) -> Weights:
         if (script, *args) not in done:
             out = tmp_path_factory.mktemp("torchrun") / "final.pt"
-            for _ in range(TORCHRUN_ATTEMPTS):
+            for _ in range(ATTEMPTS):
                 command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
                 command += ["--master-port", str(free_port()), str(SCRIPTS / script), *args]
                 run = subprocess.run(
@@ -77,13 +78,21 @@ def torchrun(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Weights]
 
 
 def transparent_job(run_dir: Path, script: str, *args: str, chaos: str = "") -> JobResult:
+    """The job run under ``torchrelay run --transparent``; once more, in ``run_dir``-1, -2, if
+    its only fault was torch's teardown abort after the last step (TORCH_TEARDOWN_ABORT)."""
     require_criu()  # --transparent refuses to start without it
-    command = [sys.executable, "-m", "torchrelay.cli.main", "run", "--transparent"]
-    command += ["--nproc-per-node", "2", "--spares", "0", "--run-dir", str(run_dir)]
-    command += [f"--chaos={chaos}"] * bool(chaos)
-    command += [str(SCRIPTS / script), *args, "--out", str(run_dir / "final.pt")]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
-    return JobResult(done.returncode, done.stdout + done.stderr, run_dir)
+    for attempt in range(ATTEMPTS):
+        directory = run_dir.with_name(f"{run_dir.name}-{attempt}") if attempt else run_dir
+        command = [sys.executable, "-m", "torchrelay.cli.main", "run", "--transparent"]
+        command += ["--nproc-per-node", "2", "--spares", "0", "--run-dir", str(directory)]
+        command += [f"--chaos={chaos}"] * bool(chaos)
+        command += [str(SCRIPTS / script), *args, "--out", str(directory / "final.pt")]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        job = JobResult(done.returncode, done.stdout + done.stderr, directory)
+        torch_teardown = TORCH_TEARDOWN_ABORT in job.output and "after its last step" in job.output
+        if job.returncode == 0 or not torch_teardown:
+            break
+    return job
 
 
 def test_unmodified_script_runs_as_under_torchrun(tmp_path, torchrun) -> None:
@@ -218,8 +227,8 @@ def test_a_clone_goes_on_with_the_dead_ranks_own_random_streams(tmp_path, torchr
     """Each rank seeded apart, dropout and augmentations drawn from torch, numpy and random:
     rank 1 SIGKILLed mid-epoch is rebuilt from a clone of rank 0 that takes rank 1's mirrored
     streams (transparent/rng_mirror.py); with its donor's, the weights would differ."""
-    run_dir, script, step = tmp_path / "run", (*PLAIN, "--augment"), PER_EPOCH + 5
-    job = transparent_job(run_dir, *script, chaos=f"kill:rank=1:step={step}")
+    script, step = (*PLAIN, "--augment"), PER_EPOCH + 5
+    job = transparent_job(tmp_path / "run", *script, chaos=f"kill:rank=1:step={step}")
     assert job.returncode == 0, job.output
     ledger = job.ledger()
     [cloned] = [e for e in ledger if e["event"] == "replica_cloned"]
@@ -233,7 +242,7 @@ def test_a_clone_goes_on_with_the_dead_ranks_own_random_streams(tmp_path, torchr
     assert (recovered["lost_steps"], recovered["recomputed_steps"]) == (0, 1)
     assert job.summary()["steps_committed"] == 3 * PER_EPOCH
     assert_bitwise_equal(job.weights(), torchrun(*script), job)
-    assert job_processes(run_dir) == []
+    assert job_processes(job.run_dir) == []
 
 
 def await_count(run_dir: Path, name: str, count: int, timeout: float) -> list[dict]:
