@@ -17,8 +17,8 @@ template inherit its allocator as it is. It does nothing where the kernel's THP 
 ``TORCHRELAY_HUGEPAGES=0`` leaves the environment as it is, for hosts where THP's costs show:
 with the usual ``madvise`` setting of ``/sys/kernel/mm/transparent_hugepage/defrag``, a page
 fault in an advised region may wait for the kernel to compact fragmented memory, and a
-sparsely touched region holds 2 MiB where it held 4 KiB. A ``GLIBC_TUNABLES`` that already sets ``glibc.malloc.hugetlb`` is the
-user's choice and is kept as it is.
+sparsely touched region holds 2 MiB where it held 4 KiB. A ``GLIBC_TUNABLES`` that already
+sets ``glibc.malloc.hugetlb`` is the user's choice and is kept as it is.
 """
 
 from __future__ import annotations
