@@ -4,7 +4,6 @@ otherwise."""
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 
@@ -68,8 +67,7 @@ def test_a_workers_heap_is_in_huge_pages(tmp_path, monkeypatch, template, switch
     config = JobConfig(
         str(script), [], nproc_per_node=1, run_dir=tmp_path, stream_output=False, template=template
     )
-    exited = threading.Event()
-    agent = NodeAgent(config, "node0", on_exit=lambda process, code: exited.set())
+    agent = NodeAgent(config, "node0", on_exit=lambda process, code: None)
     agent.configure(1, "127.0.0.1:1", "token")
     try:
         agent.start_workers()
