@@ -177,6 +177,19 @@ def await_event(run_dir: Path, name: str, timeout: float = 120) -> dict[str, Any
         time.sleep(0.05)
 
 
+def printed_lines(log_dir: Path, processes: list[str], timeout: float = 60) -> dict[str, str]:
+    """The line each of ``processes`` printed to its log (``log_dir/<process>.log``, as the
+    node agent writes them), once every one of them has ended its line."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        logs = {p: log_dir / f"{p}.log" for p in processes}
+        text = {p: log.read_text() if log.exists() else "" for p, log in logs.items()}
+        if all(t.endswith("\n") for t in text.values()):
+            return {p: t.strip() for p, t in text.items()}
+        time.sleep(0.05)
+    raise AssertionError(f"not every one of {processes} printed its line: {text}")
+
+
 def free_port_pair(host: str = "127.0.0.1") -> int:
     """A free port P on ``host`` with P+1 free too (a multi-node job's store and controller)."""
     for _ in range(50):

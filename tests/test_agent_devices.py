@@ -4,22 +4,15 @@ the lowest one no live process holds -- so a spare never shares a GPU with a liv
 from __future__ import annotations
 
 import threading
-import time
 
+from tests.jobs import printed_lines
 from torchrelay.agent.agent import NodeAgent
 from torchrelay.config import JobConfig
 
 
 def _local_ranks(agent: NodeAgent, processes: list[str]) -> dict[str, int]:
     """What each process printed as its LOCAL_RANK, once all of them have printed it."""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        logs = {p: agent.log_dir / f"{p}.log" for p in processes}
-        text = {p: log.read_text() if log.exists() else "" for p, log in logs.items()}
-        if all(t.endswith("\n") for t in text.values()):
-            return {p: int(t) for p, t in text.items()}
-        time.sleep(0.05)
-    raise AssertionError("processes did not report their LOCAL_RANK")
+    return {p: int(line) for p, line in printed_lines(agent.log_dir, processes).items()}
 
 
 def test_spares_take_the_lowest_free_device_index(tmp_path):

@@ -4,11 +4,11 @@ otherwise."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
 
+from tests.jobs import printed_lines
 from torchrelay.agent.agent import NodeAgent
 from torchrelay.agent.hugepages import SWITCH, TUNABLES, hugepage_environment
 from torchrelay.config import JobConfig
@@ -42,18 +42,6 @@ def test_the_switch_or_the_users_setting_leaves_the_environment_as_it_is():
     assert hugepage_environment({TUNABLES: "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=0"}) == {}
 
 
-def _huge_kib(agent: NodeAgent) -> int:
-    """What worker0 printed: the KiB of its memory in huge pages."""
-    log = agent.log_dir / "worker0.log"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        text = log.read_text() if log.exists() else ""
-        if text.endswith("\n"):
-            return int(text)
-        time.sleep(0.05)
-    raise AssertionError(f"worker0 did not report its huge pages: {text!r}")
-
-
 @pytest.mark.skipif(_thp_mode() == "never", reason="the kernel's THP mode is never")
 @pytest.mark.parametrize("template", [True, False], ids=["forked", "spawned"])
 @pytest.mark.parametrize("switch", ["1", "0"])
@@ -71,7 +59,7 @@ def test_a_workers_heap_is_in_huge_pages(tmp_path, monkeypatch, template, switch
     agent.configure(1, "127.0.0.1:1", "token")
     try:
         agent.start_workers()
-        huge = _huge_kib(agent)
+        huge = int(printed_lines(agent.log_dir, ["worker0"])["worker0"])  # KiB
     finally:
         agent.kill_all()
     if switch == "1":
