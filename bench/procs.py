@@ -1,4 +1,5 @@
-"""Child processes that are always cleaned up, free ports, bounded waits.
+"""Child processes that are always cleaned up, the environment they start with, free ports,
+bounded waits.
 
 Every launcher the benchmark starts (torchrun, torchrelay, the torchft lighthouse and replica
 groups) goes through :class:`ProcessSet`: each child is its own session leader, so leaving the
@@ -15,7 +16,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -31,6 +32,21 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def environment(settings: dict[str, str]) -> Iterator[None]:
+    """``os.environ`` with ``settings`` while the block runs, as it was afterwards."""
+    saved = {key: os.environ.get(key) for key in settings}
+    os.environ.update(settings)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def worker_env(**extra: str) -> dict[str, str]:

@@ -19,16 +19,15 @@ Both trees run the same worker scripts (this checkout's ``bench/workers``).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import os
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 from bench import metrics
 from bench.config import PRESETS
+from bench.procs import environment
 from bench.runner import JobResult, run_job
 from bench.systems import TorchrelaySpare
 from bench.workload import RESIDENT_GIB
@@ -80,21 +79,6 @@ def _setting(text: str) -> tuple[str, str]:
     if not key or not sep:
         raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
     return key, value
-
-
-@contextlib.contextmanager
-def environment(settings: dict[str, str]) -> Iterator[None]:
-    """``os.environ`` with ``settings`` while the block runs, as it was afterwards."""
-    saved = {key: os.environ.get(key) for key in settings}
-    os.environ.update(settings)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def main() -> None:

@@ -27,8 +27,9 @@ import matplotlib.pyplot as plt
 
 from bench import metrics
 from bench.config import PRESETS
+from bench.procs import environment
 from bench.runner import run_job
-from bench.stall import PHASES, environment
+from bench.stall import PHASES
 from bench.systems import TorchrelaySpare
 from bench.workload import RESIDENT_GIB
 from torchrelay.agent.hugepages import SWITCH as HUGEPAGES

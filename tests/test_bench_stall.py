@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from bench import stall
+from bench import procs, stall
 from bench.metrics import FailureImpact, RecoveryPhases
 from bench.runner import JobResult
 
@@ -46,7 +46,7 @@ def test_a_baseline_setting_holds_only_while_its_jobs_run(monkeypatch):
     monkeypatch.setenv("TORCHRELAY_HUGEPAGES", "1")
     monkeypatch.delenv("BENCH_SRC", raising=False)
     settings = dict([stall._setting("TORCHRELAY_HUGEPAGES=0"), stall._setting("BENCH_SRC=/b")])
-    with stall.environment(settings):
+    with procs.environment(settings):
         assert os.environ["TORCHRELAY_HUGEPAGES"] == "0" and os.environ["BENCH_SRC"] == "/b"
     assert os.environ["TORCHRELAY_HUGEPAGES"] == "1" and "BENCH_SRC" not in os.environ
     with pytest.raises(argparse.ArgumentTypeError, match="not KEY=VALUE"):
