@@ -16,7 +16,11 @@ that alone, identically for all systems:
 - *recomputed*: steps whose work was done again = commits after the kill of steps <= ``h``,
   plus the one step in flight when the worker died (killed inside it, so always 1);
 - *samples dropped*: for steps committed with fewer participants than the world, the missing
-  replicas' samples (they never reach the weights).
+  replicas' samples (they never reach the weights);
+- *time lost*: how far behind a failure-free run's pace the job is when it commits its
+  ``LOST_AFTER``-th new step: that commit's time less the commit of ``h``, less ``p`` for each
+  step between them. It counts the stall and the slower steps after it (a refill spare starting
+  beside the workers, a new communicator's first collectives), as an end-to-end time does.
 """
 
 from __future__ import annotations
@@ -48,6 +52,9 @@ class Kill:
     t: float
 
 
+LOST_AFTER = 25  # new steps after a kill by which its time lost is taken
+
+
 @dataclass(frozen=True)
 class FailureImpact:
     """The cost of one failure, as defined in the module docstring."""
@@ -58,6 +65,7 @@ class FailureImpact:
     lost_steps: int
     recomputed_steps: int
     samples_dropped: int
+    time_lost_s: float
 
 
 @dataclass(frozen=True)
@@ -157,6 +165,8 @@ def failure_impact(
             new.append(commit)
     interval = normal_interval(before, kill.t)
     lost = max(0, high + 1 - after[0].step) if after else 0
+    last_before = max((c.t for c in before if c.step == high), default=math.nan)
+    paced = new[LOST_AFTER - 1] if len(new) >= LOST_AFTER else None
     return FailureImpact(
         stall_s=_recovered_at(new, kill.t, interval, window, tolerance, None),
         resume_s=new[0].t - kill.t if new else math.nan,
@@ -164,6 +174,7 @@ def failure_impact(
         lost_steps=lost,
         recomputed_steps=sum(1 for c in after if c.step <= high) + 1,
         samples_dropped=sum(max(0, world - c.participants) * batch for c in after),
+        time_lost_s=(paced.t - last_before - (paced.step - high) * interval if paced else math.nan),
     )
 
 

@@ -90,8 +90,8 @@ def failure_table(results: BenchResults, model: str) -> list[str]:
     rows = [
         "| system | stall s (kill → normal pace) | resume s (kill → first new step) | "
         "degraded s (→ full world) | committed steps lost | steps recomputed | "
-        "samples dropped | failures measured |",
-        "|---|---|---|---|---|---|---|---|",
+        "samples dropped | time lost s (by the 25th new step) | failures measured |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for system in SYSTEMS[1:]:
         imp = _impacts(results, system, model)
@@ -102,6 +102,7 @@ def failure_table(results: BenchResults, model: str) -> list[str]:
             fmt(metrics.spread(i.lost_steps for i in imp), 0),
             fmt(metrics.spread(i.recomputed_steps for i in imp), 0),
             fmt(metrics.spread(i.samples_dropped for i in imp), 0),
+            fmt(metrics.spread(i.time_lost_s for i in imp), 3),
         ]
         rows.append(f"| {NAMES[system]} | {' | '.join(cells)} | {len(imp)} |")
     return rows

@@ -4,10 +4,10 @@ Runs torchrelay jobs with kills (``bench.config``'s small scenario by default: 3
 steps) alternately with this checkout's ``src`` and, if ``--baseline-src`` names one, another
 checkout's (``BENCH_SRC``, see :func:`bench.procs.worker_env`), ``--pairs`` times, and prints
 the median (min-max) of each ledger phase (detect, plan, communicator, transfer, first step),
-kill -> first step, the bench's stall per failure and the transfer's MB/s, for each tree, and
-the differences with their 95 % intervals: on this 2-core VM the interval of the total is
-about +-10 ms with 9 kills a tree (``--pairs 3``) and +-6 ms with 15 (bench/analysis.md,
-"Tenth pass").
+kill -> first step, the bench's stall and time lost per failure (``bench.metrics``) and the
+transfer's MB/s, for each tree, and the differences with their 95 % intervals: on this 2-core
+VM the interval of the total is about +-10 ms with 9 kills a tree (``--pairs 3``) and +-6 ms
+with 15 (bench/analysis.md, "Tenth pass").
 ``--baseline-env KEY=VALUE`` (repeatable) runs the baseline with those environment settings,
 on this tree when no ``--baseline-src`` is given: a switch measured on and off in turn, e.g.
 ``TORCHRELAY_HUGEPAGES=0``.
@@ -33,6 +33,7 @@ from bench.systems import TorchrelaySpare
 from bench.workload import RESIDENT_GIB
 
 PHASES = ("detect", "plan", "communicator", "transfer", "first_step", "total")
+TOTALS = ("stall", "time_lost")  # the bench's, from rank 0's commits (bench.metrics)
 
 
 def _cell(values: list[float], scale: float = 1e3) -> str:
@@ -45,6 +46,7 @@ def _samples(jobs: list[JobResult]) -> dict[str, list[float]]:
     phases = [p for j in jobs for p in j.phases]
     samples = {name: [getattr(p, name) for p in phases] for name in PHASES}
     samples["stall"] = [i.stall_s for j in jobs for i in j.impacts]
+    samples["time_lost"] = [i.time_lost_s for j in jobs for i in j.impacts]
     samples["rate"] = [p.transfer_bytes_per_s for p in phases]
     return samples
 
@@ -53,16 +55,16 @@ def table(results: dict[str, list[JobResult]]) -> str:
     """A markdown table: one row per tree, phases in ms; with two trees, a last row of the
     differences of their medians with 95 % bootstrap intervals (``metrics.median_difference``):
     a difference whose interval spans 0 is within this run's noise."""
-    head = "| tree | " + " | ".join(f"{p} ms" for p in PHASES) + " | stall ms | MB/s | n |"
-    rows = [head, "|" + "---|" * (len(PHASES) + 4)]
+    head = "| tree | " + " | ".join(f"{p} ms" for p in PHASES) + " | stall ms | time lost ms |"
+    rows = [head + " MB/s | n |", "|" + "---|" * (len(PHASES) + 5)]
     samples = {tree: _samples(jobs) for tree, jobs in results.items()}
     for tree, sample in samples.items():
-        cells = [_cell(sample[name]) for name in (*PHASES, "stall")]
+        cells = [_cell(sample[name]) for name in (*PHASES, *TOTALS)]
         rate = _cell(sample["rate"], 1e-6)
         rows.append(f"| {tree} | {' | '.join(cells)} | {rate} | {len(sample['total'])} |")
     if len(samples) == 2:
         mine, base = samples.values()
-        diffs = [_difference(mine[name], base[name]) for name in (*PHASES, "stall")]
+        diffs = [_difference(mine[name], base[name]) for name in (*PHASES, *TOTALS)]
         rate = _difference(mine["rate"], base["rate"], 1e-6)
         rows.append(f"| difference (95 % interval) | {' | '.join(diffs)} | {rate} | |")
     return "\n".join(rows)

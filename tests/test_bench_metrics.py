@@ -37,6 +37,8 @@ def test_hot_spare_like_recovery() -> None:
     assert impact.resume_s == pytest.approx(0.25)
     assert impact.degraded_s == pytest.approx(0.25)
     assert (impact.lost_steps, impact.recomputed_steps, impact.samples_dropped) == (0, 1, 0)
+    # Step 50 commits 0.2 s late (5.2, not 5.0), and every step after it at the normal pace.
+    assert impact.time_lost_s == pytest.approx(0.2)
 
 
 def test_rollback_counts_lost_and_recomputed_steps_inside_the_stall() -> None:
@@ -81,6 +83,26 @@ def test_a_slow_step_right_after_resuming_extends_the_stall() -> None:
     impact = metrics.failure_impact(commits, Kill(50, 4.95), world=2, batch=8)
     assert impact.stall_s == pytest.approx(7.0 - 4.95)
     assert impact.resume_s == pytest.approx(5.1 - 4.95)
+
+
+def test_slow_steps_after_the_stall_count_in_the_time_lost_not_in_the_stall() -> None:
+    """Step 50 commits 0.2 s late; the next four take 0.15 s each instead of 0.1 (a refill
+    spare starting beside the workers): within the stall's tolerance, but 0.2 s more lost."""
+    commits = [
+        *steady(range(50), 0.0, 0.1),
+        *steady(range(50, 55), 5.2, 0.15),
+        *steady(range(55, 90), 5.2 + 4 * 0.15 + 0.1, 0.1),
+    ]
+    impact = metrics.failure_impact(commits, Kill(50, 4.95), world=2, batch=8)
+    assert impact.stall_s == pytest.approx(0.25)
+    assert impact.time_lost_s == pytest.approx(0.2 + 4 * 0.05)
+
+
+def test_time_lost_needs_its_window_of_new_steps_before_the_next_kill() -> None:
+    commits = steady(range(100), 0.0, 0.1)
+    near, far = metrics.all_failures(commits, [Kill(21, 2.05), Kill(40, 4.0)], world=2, batch=8)
+    assert math.isnan(near.time_lost_s)  # 19 new steps before the next kill
+    assert far.time_lost_s == pytest.approx(0.0)
 
 
 def test_all_failures_bounds_each_window_by_the_next_kill() -> None:

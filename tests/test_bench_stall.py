@@ -18,7 +18,7 @@ def _job(total_ms: list[float]) -> JobResult:
         RecoveryPhases(0.012, 0.004, 0.006, 0.012, t / 1e3 - 0.034, t / 1e3, 15_000_000)
         for t in total_ms
     ]
-    impacts = [FailureImpact(t / 1e3, t / 1e3, t / 1e3, 0, 1, 0) for t in total_ms]
+    impacts = [FailureImpact(t / 1e3, t / 1e3, t / 1e3, 0, 1, 0, t / 1e3) for t in total_ms]
     return JobResult("torchrelay", "small", 0, len(total_ms), impacts=impacts, phases=phases)
 
 
@@ -36,6 +36,7 @@ def test_two_trees_get_a_row_of_differences_that_says_which_are_noise():
     assert difference[1] == "+0.0 [+0.0, +0.0] (noise)"  # detect: the same in both trees
     assert difference[6].startswith("-20.0 [") and "noise" not in difference[6]  # total
     assert difference[7].startswith("-20.0 [") and "noise" not in difference[7]  # stall
+    assert difference[8].startswith("-20.0 [") and "noise" not in difference[8]  # time lost
 
 
 def test_one_tree_gets_no_row_of_differences():
