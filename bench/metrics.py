@@ -17,10 +17,12 @@ that alone, identically for all systems:
   plus the one step in flight when the worker died (killed inside it, so always 1);
 - *samples dropped*: for steps committed with fewer participants than the world, the missing
   replicas' samples (they never reach the weights);
-- *time lost*: how far behind a failure-free run's pace the job is when it commits its
-  ``LOST_AFTER``-th new step: that commit's time less the commit of ``h``, less ``p`` for each
-  step between them. It counts the stall and the slower steps after it (a refill spare starting
-  beside the workers, a new communicator's first collectives), as an end-to-end time does.
+- *time lost*: how far behind a failure-free run's pace the job is ``LOST_AFTER`` new steps
+  after it is back at full strength (the commit that ends *degraded*, and the ones after it):
+  that commit's time less the commit of ``h``, less ``p`` for each step between them. It counts
+  the stall and the slower steps after it (a refill spare starting beside the workers, a new
+  communicator's first collectives, torchft's rejoin), as an end-to-end time does, without the
+  job-to-job drift of the pace that a ratio of two jobs' times carries.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ class Kill:
     t: float
 
 
-LOST_AFTER = 25  # new steps after a kill by which its time lost is taken
+LOST_AFTER = 25  # steps at full strength after a kill by which its time lost is taken
 
 
 @dataclass(frozen=True)
@@ -110,22 +112,24 @@ def normal_interval(commits: Sequence[Commit], before: float, last: int = 50) ->
     return statistics.median(gaps) if gaps else math.nan
 
 
-def _recovered_at(
-    new: Sequence[Commit],
-    kill_t: float,
-    interval: float,
-    window: int,
-    tolerance: float,
-    world: int | None,
-) -> float:
-    """Time of the first new commit followed by ``window`` normal ones (see module doc)."""
+def _recovery_index(
+    new: Sequence[Commit], interval: float, window: int, tolerance: float, world: int | None
+) -> int | None:
+    """Index of the first new commit followed by ``window`` normal ones (see module doc)."""
     limit = tolerance * interval
-    for i, commit in enumerate(new):
+    for i in range(len(new)):
         run = new[i : i + window + 1]
         paced = all(b.t - a.t <= limit for a, b in itertools.pairwise(run))
         full = world is None or all(c.participants >= world for c in run)
         if paced and full:
-            return commit.t - kill_t
+            return i
+    return None
+
+
+def _recovered_at(new: Sequence[Commit], kill_t: float, found: int | None) -> float:
+    """Kill -> the commit at ``found`` (``_recovery_index``), or the last one if none."""
+    if found is not None:
+        return new[found].t - kill_t
     return (new[-1].t - kill_t) if new else math.nan
 
 
@@ -166,11 +170,14 @@ def failure_impact(
     interval = normal_interval(before, kill.t)
     lost = max(0, high + 1 - after[0].step) if after else 0
     last_before = max((c.t for c in before if c.step == high), default=math.nan)
-    paced = new[LOST_AFTER - 1] if len(new) >= LOST_AFTER else None
+    normal = _recovery_index(new, interval, window, tolerance, None)
+    full = _recovery_index(new, interval, window, tolerance, world)
+    end = None if full is None else full + LOST_AFTER - 1
+    paced = new[end] if end is not None and end < len(new) else None
     return FailureImpact(
-        stall_s=_recovered_at(new, kill.t, interval, window, tolerance, None),
+        stall_s=_recovered_at(new, kill.t, normal),
         resume_s=new[0].t - kill.t if new else math.nan,
-        degraded_s=_recovered_at(new, kill.t, interval, window, tolerance, world),
+        degraded_s=_recovered_at(new, kill.t, full),
         lost_steps=lost,
         recomputed_steps=sum(1 for c in after if c.step <= high) + 1,
         samples_dropped=sum(max(0, world - c.participants) * batch for c in after),

@@ -64,13 +64,15 @@ def test_degraded_replicas_count_dropped_samples_and_separate_degraded_time() ->
     commits = (
         steady(range(50), 0.0, 0.1)
         + steady(range(50, 70), 6.0, 0.05, participants=1)
-        + steady(range(70, 90), 7.5, 0.1)
+        + steady(range(70, 120), 7.5, 0.1)
     )
     impact = metrics.failure_impact(commits, Kill(50, 4.95), world=2, batch=8)
     assert impact.stall_s == pytest.approx(1.05)
     assert impact.degraded_s == pytest.approx(7.5 - 4.95)
     assert impact.samples_dropped == 20 * 8
     assert impact.lost_steps == 0
+    # Taken once the job is whole again: step 70 at 7.5, where a failure-free run is at 7.0.
+    assert impact.time_lost_s == pytest.approx(0.5)
 
 
 def test_a_slow_step_right_after_resuming_extends_the_stall() -> None:
