@@ -90,7 +90,7 @@ def failure_table(results: BenchResults, model: str) -> list[str]:
     rows = [
         "| system | stall s (kill → normal pace) | resume s (kill → first new step) | "
         "degraded s (→ full world) | committed steps lost | steps recomputed | "
-        "samples dropped | time lost s (by the 25th new step) | failures measured |",
+        "samples dropped | time lost s (25 steps after the job is whole) | failures measured |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for system in SYSTEMS[1:]:
