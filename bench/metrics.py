@@ -17,7 +17,7 @@ that alone, identically for all systems:
   plus the one step in flight when the worker died (killed inside it, so always 1);
 - *samples dropped*: for steps committed with fewer participants than the world, the missing
   replicas' samples (they never reach the weights);
-- *time lost*: how far behind a failure-free run's pace the job is ``LOST_AFTER`` new steps
+- *time lost*: how far behind its own pace (``p``) the job is ``LOST_AFTER`` new steps
   after it is back at full strength (the commit that ends *degraded*, and the ones after it):
   that commit's time less the commit of ``h``, less ``p`` for each step between them. It counts
   the stall and the slower steps after it (a refill spare starting beside the workers, a new
