@@ -55,16 +55,17 @@ def table(results: dict[str, list[JobResult]]) -> str:
     """A markdown table: one row per tree, phases in ms; with two trees, a last row of the
     differences of their medians with 95 % bootstrap intervals (``metrics.median_difference``):
     a difference whose interval spans 0 is within this run's noise."""
-    head = "| tree | " + " | ".join(f"{p} ms" for p in PHASES) + " | stall ms | time lost ms |"
-    rows = [head + " MB/s | n |", "|" + "---|" * (len(PHASES) + 5)]
+    columns = (*PHASES, *TOTALS)
+    head = "| tree | " + " | ".join(f"{name} ms" for name in columns) + " | MB/s | n |"
+    rows = [head, "|" + "---|" * (len(columns) + 3)]
     samples = {tree: _samples(jobs) for tree, jobs in results.items()}
     for tree, sample in samples.items():
-        cells = [_cell(sample[name]) for name in (*PHASES, *TOTALS)]
+        cells = [_cell(sample[name]) for name in columns]
         rate = _cell(sample["rate"], 1e-6)
         rows.append(f"| {tree} | {' | '.join(cells)} | {rate} | {len(sample['total'])} |")
     if len(samples) == 2:
         mine, base = samples.values()
-        diffs = [_difference(mine[name], base[name]) for name in (*PHASES, *TOTALS)]
+        diffs = [_difference(mine[name], base[name]) for name in columns]
         rate = _difference(mine["rate"], base["rate"], 1e-6)
         rows.append(f"| difference (95 % interval) | {' | '.join(diffs)} | {rate} | |")
     return "\n".join(rows)
