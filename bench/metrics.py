@@ -30,9 +30,11 @@ from __future__ import annotations
 import itertools
 import math
 import random
+import re
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -296,3 +298,28 @@ def recovery_phases(event: Mapping[str, object], kill_t: float) -> RecoveryPhase
         total=tl["first_step"] - kill_t,
         bytes_moved=int(event.get("bytes_transferred", 0)),  # type: ignore[call-overload]
     )
+
+
+# The template's line for each fork (agent/template_main.py).
+FORKED = re.compile(r"forked pid (\d+) in [\d.]+ ms \(([\d.]+) ms of CPU\)")
+
+
+def refill_cpu(events: Sequence[Mapping[str, Any]], template_log: str) -> list[tuple[float, bool]]:
+    """``(CPU seconds, forked)`` of every refill spare: one that joined after the first
+    failure, its own CPU until ready plus the template's for its fork."""
+    first_failure = min((e["t"] for e in events if e.get("event") == "failure"), default=None)
+    if first_failure is None:
+        return []
+    template_cpu = {int(pid): float(ms) / 1e3 for pid, ms in FORKED.findall(template_log)}
+    joined = {
+        e["process"]: e["pid"]
+        for e in events
+        if e.get("event") == "process_join" and e["role"] == "spare" and e["t"] > first_failure
+    }
+    found = []
+    for event in events:
+        if event.get("event") != "spare_ready" or event["process"] not in joined:
+            continue
+        share = template_cpu.get(joined[event["process"]], 0.0)
+        found.append((event["cpu_seconds"] + share, bool(event.get("forked"))))
+    return found

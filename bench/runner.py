@@ -12,6 +12,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -39,6 +40,7 @@ class JobResult:
     kill_steps: list[int] = field(default_factory=list)
     start_t: float = math.nan
     weights: Path | None = None
+    refill_cpu_s: list[float] = field(default_factory=list)  # torchrelay's refill spares
     error: str | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -64,11 +66,16 @@ def _kills(workdir: Path) -> list[metrics.Kill]:
     return sorted(kills, key=lambda k: k.t)
 
 
-def _ledger_recoveries(ledger: Path | None) -> list[dict[str, object]]:
+def _ledger_events(ledger: Path | None) -> list[dict[str, Any]]:
     if ledger is None or not ledger.exists():
         return []
-    events = [json.loads(line) for line in ledger.read_text().splitlines() if line.strip()]
-    return [e for e in events if e.get("event") == "recovery_done"]
+    return [json.loads(line) for line in ledger.read_text().splitlines() if line.strip()]
+
+
+def _template_log(ledger: Path | None) -> str:
+    """The node template's log beside a torchrelay ledger ('' if there is none)."""
+    log = None if ledger is None else ledger.parent / "logs" / "template.log"
+    return log.read_text() if log is not None and log.exists() else ""
 
 
 def run_job(
@@ -107,11 +114,14 @@ def run_job(
         result.steady_steps_per_s = metrics.steady_rate([c for c in commits if c.t < first_kill])
         batch = MODELS[scenario.model].batch
         result.impacts = metrics.all_failures(commits, kill_list, config.world, batch)
-        recoveries = _ledger_recoveries(out.ledger)
+        events = _ledger_events(out.ledger)
+        recoveries = [e for e in events if e.get("event") == "recovery_done"]
         result.phases = [
             metrics.recovery_phases(e, k)
             for e, k in zip(recoveries, result.kill_times, strict=False)
         ]
+        refills = metrics.refill_cpu(events, _template_log(out.ledger))
+        result.refill_cpu_s = [cpu for cpu, _ in refills]
         if spec.weights_file.exists():
             result.weights = spec.weights_file
         if len(result.kill_times) != len(kills):

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import resource
 import statistics
 import tempfile
@@ -41,7 +40,6 @@ from bench.runner import _kills
 from bench.systems import RunSpec, TorchrelaySpare
 
 VARIANTS = {"template": (), "no template": ("--no-template",)}
-FORKED = re.compile(r"forked pid (\d+) in [\d.]+ ms \(([\d.]+) ms of CPU\)")
 
 
 @dataclass
@@ -85,27 +83,6 @@ def detect_ms(events: Sequence[Mapping[str, Any]], kills: Sequence[metrics.Kill]
 def start_s(events: Sequence[Mapping[str, Any]], commits: Sequence[metrics.Commit]) -> float:
     """The launcher's ``job_start`` -> the first commit, in seconds."""
     return commits[0].t - next(e["t"] for e in events if e.get("event") == "job_start")
-
-
-def refill_cpu(events: Sequence[Mapping[str, Any]], template_log: str) -> list[tuple[float, bool]]:
-    """``(CPU seconds, forked)`` of every refill spare: one that joined after the first
-    failure, its own CPU until ready plus the template's for its fork."""
-    first_failure = min((e["t"] for e in events if e.get("event") == "failure"), default=None)
-    if first_failure is None:
-        return []
-    template_cpu = {int(pid): float(ms) / 1e3 for pid, ms in FORKED.findall(template_log)}
-    joined = {
-        e["process"]: e["pid"]
-        for e in events
-        if e.get("event") == "process_join" and e["role"] == "spare" and e["t"] > first_failure
-    }
-    found = []
-    for event in events:
-        if event.get("event") != "spare_ready" or event["process"] not in joined:
-            continue
-        share = template_cpu.get(joined[event["process"]], 0.0)
-        found.append((event["cpu_seconds"] + share, bool(event.get("forked"))))
-    return found
 
 
 def span(commits: Sequence[metrics.Commit]) -> float:
@@ -158,7 +135,7 @@ def measure(args: argparse.Namespace, root: Path) -> dict[str, VariantFigures]:
             found.detect_ms += detect_ms(killed["events"], killed["kills"])
             found.start_s.append(start_s(free["events"], free["commits"]))
             found.job_cpu_s.append(free["cpu_s"])
-            refills = refill_cpu(killed["events"], killed["template_log"])
+            refills = metrics.refill_cpu(killed["events"], killed["template_log"])
             found.refill_cpu_s += [cpu for cpu, _ in refills]
             found.forked_refills += sum(forked for _, forked in refills)
             print(f"round {round_} {variant}: {json.dumps(summary(found))}", flush=True)

@@ -4,10 +4,10 @@ Runs torchrelay jobs with kills (``bench.config``'s small scenario by default: 3
 steps) alternately with this checkout's ``src`` and, if ``--baseline-src`` names one, another
 checkout's (``BENCH_SRC``, see :func:`bench.procs.worker_env`), ``--pairs`` times, and prints
 the median (min-max) of each ledger phase (detect, plan, communicator, transfer, first step),
-kill -> first step, the bench's stall and time lost per failure (``bench.metrics``) and the
-transfer's MB/s, for each tree, and the differences with their 95 % intervals: on this 2-core
-VM the interval of the total is about +-10 ms with 9 kills a tree (``--pairs 3``) and +-6 ms
-with 15 (bench/analysis.md, "Tenth pass").
+kill -> first step, the bench's stall and time lost per failure (``bench.metrics``), the CPU
+each refill spare used until ready and the transfer's MB/s, for each tree, and the differences
+with their 95 % intervals: on this 2-core VM the interval of the total is about +-10 ms with 9
+kills a tree (``--pairs 3``) and +-6 ms with 15 (bench/analysis.md, "Tenth pass").
 ``--baseline-env KEY=VALUE`` (repeatable) runs the baseline with those environment settings,
 on this tree when no ``--baseline-src`` is given: a switch measured on and off in turn, e.g.
 ``TORCHRELAY_HUGEPAGES=0``.
@@ -34,6 +34,9 @@ from bench.workload import RESIDENT_GIB
 
 PHASES = ("detect", "plan", "communicator", "transfer", "first_step", "total")
 TOTALS = ("stall", "time_lost")  # the bench's, from rank 0's commits (bench.metrics)
+# The CPU each refill spare (started after a recovery) used until ready: what it took from
+# the workers on a node whose cores they fill (bench.metrics.refill_cpu).
+SPARES = ("refill_cpu",)
 
 
 def _cell(values: list[float], scale: float = 1e3) -> str:
@@ -42,11 +45,13 @@ def _cell(values: list[float], scale: float = 1e3) -> str:
 
 
 def _samples(jobs: list[JobResult]) -> dict[str, list[float]]:
-    """Each phase's values (s), the stalls (s) and the transfer rates (B/s), per kill."""
+    """Each phase's values (s), the stalls and time lost (s) and the transfer rates (B/s), per
+    kill; the refill spares' CPU (s), per refill."""
     phases = [p for j in jobs for p in j.phases]
     samples = {name: [getattr(p, name) for p in phases] for name in PHASES}
     samples["stall"] = [i.stall_s for j in jobs for i in j.impacts]
     samples["time_lost"] = [i.time_lost_s for j in jobs for i in j.impacts]
+    samples["refill_cpu"] = [cpu for j in jobs for cpu in j.refill_cpu_s]
     samples["rate"] = [p.transfer_bytes_per_s for p in phases]
     return samples
 
@@ -55,7 +60,7 @@ def table(results: dict[str, list[JobResult]]) -> str:
     """A markdown table: one row per tree, phases in ms; with two trees, a last row of the
     differences of their medians with 95 % bootstrap intervals (``metrics.median_difference``):
     a difference whose interval spans 0 is within this run's noise."""
-    columns = (*PHASES, *TOTALS)
+    columns = (*PHASES, *TOTALS, *SPARES)
     head = "| tree | " + " | ".join(f"{name} ms" for name in columns) + " | MB/s | n |"
     rows = [head, "|" + "---|" * (len(columns) + 3)]
     samples = {tree: _samples(jobs) for tree, jobs in results.items()}

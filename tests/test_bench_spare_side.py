@@ -9,7 +9,6 @@ from bench.spare_side import (
     VariantFigures,
     detect_ms,
     first_step_ratios,
-    refill_cpu,
     render,
     span,
     start_s,
@@ -39,8 +38,8 @@ def test_refill_cpu_counts_spares_joined_after_the_first_failure_plus_the_templa
         {"event": "spare_ready", "t": 5.3, "process": "spare1", "cpu_seconds": 0.08, "forked": 1},
     ]
     log = "forked pid 10 in 4.0 ms (3.0 ms of CPU)\nforked pid 11 in 5.0 ms (20.0 ms of CPU)\n"
-    assert refill_cpu(events, log) == [(pytest.approx(0.1), True)]
-    assert refill_cpu(events[:2], log) == []  # no failure: no refill
+    assert metrics.refill_cpu(events, log) == [(pytest.approx(0.1), True)]
+    assert metrics.refill_cpu(events[:2], log) == []  # no failure: no refill
 
 
 def test_detect_is_each_kill_to_its_recovery_detected_and_start_is_launch_to_first_commit():

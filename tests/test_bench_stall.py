@@ -19,7 +19,16 @@ def _job(total_ms: list[float]) -> JobResult:
         for t in total_ms
     ]
     impacts = [FailureImpact(t / 1e3, t / 1e3, t / 1e3, 0, 1, 0, t / 1e3) for t in total_ms]
-    return JobResult("torchrelay", "small", 0, len(total_ms), impacts=impacts, phases=phases)
+    refills = [t / 2e3 for t in total_ms]
+    return JobResult(
+        "torchrelay",
+        "small",
+        0,
+        len(total_ms),
+        impacts=impacts,
+        phases=phases,
+        refill_cpu_s=refills,
+    )
 
 
 def test_two_trees_get_a_row_of_differences_that_says_which_are_noise():
@@ -37,6 +46,7 @@ def test_two_trees_get_a_row_of_differences_that_says_which_are_noise():
     assert difference[6].startswith("-20.0 [") and "noise" not in difference[6]  # total
     assert difference[7].startswith("-20.0 [") and "noise" not in difference[7]  # stall
     assert difference[8].startswith("-20.0 [") and "noise" not in difference[8]  # time lost
+    assert difference[9].startswith("-10.0 [") and "noise" not in difference[9]  # refill CPU
 
 
 def test_one_tree_gets_no_row_of_differences():

@@ -155,6 +155,23 @@ def _gone(pid: int, timeout: float = 30.0) -> bool:
     return False
 
 
+def test_the_template_forks_single_threaded_with_what_a_worker_imports_loaded(tmp_path):
+    """With the agent's environment (one OpenMP thread), the warmed template is one thread
+    when it forks (a fork copies no other thread, but copies the locks they hold); a forked
+    process finds gRPC's channel module loaded, which its first channel would import."""
+    script = tmp_path / "modules.py"
+    script.write_text("import sys\nprint('grpc._channel' in sys.modules, flush=True)\n")
+    template = NodeTemplate(tmp_path / "template.log")
+    template.start({**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1"})
+    try:
+        child = template.fork([str(script)], {})
+        assert child.stdout.read().decode() == "True\n"
+        assert child.wait(timeout=60) == 0
+        assert os.listdir(f"/proc/{template.pid}/task") == [str(template.pid)]
+    finally:
+        template.close()
+
+
 @pytest.mark.slow
 def test_a_forked_script_keeps_every_descriptor_it_opened_until_it_exits(tmp_path):
     """The template's own descriptors are closed in the child before the script runs, and
