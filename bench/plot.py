@@ -26,6 +26,17 @@ LABELS = {
 }
 
 
+def save_figure(fig: plt.Figure, path: Path) -> None:
+    """Grid every panel of ``fig``, lay it out, write it to ``path`` (making its folder) and
+    close it."""
+    for ax in fig.axes:
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def _example(results: BenchResults, system: str, model: str) -> JobResult | None:
     """The first finished job of ``system`` with failures (plain DDP: without)."""
     jobs = results.find(system, model, failures=system != "ddp")
@@ -55,9 +66,5 @@ def plot_progress(results: BenchResults, path: Path) -> None:
         ax.set_title(f"{model} model: committed step vs time (dotted: SIGKILLs)")
         ax.set_xlabel("seconds since first committed step")
         ax.set_ylabel("committed step (rank 0)")
-        ax.grid(alpha=0.3)
         ax.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)

@@ -14,7 +14,7 @@ from bench import metrics
 from bench.metrics import Spread
 from bench.runner import BenchResults, JobResult, weight_diff
 from bench.systems import SYSTEMS
-from bench.workload import MODELS
+from bench.workload import model_size
 
 NAMES = {
     "ddp": "plain DDP",
@@ -303,7 +303,7 @@ def render(
         "`--spares 1`",
     ]
     for s in cfg.scenarios:
-        shape = MODELS[s.model]
+        shape = model_size(s.model)
         lines.append(
             f"- **{s.model}** model: {shape.params / 1e6:.2f} M parameters "
             f"({shape.params * 12 / 1e6:.0f} MB weights + AdamW state), batch "

@@ -20,7 +20,7 @@ from bench import metrics
 from bench.config import BenchConfig, Scenario
 from bench.probe import measure_broadcast
 from bench.systems import RunSpec, System
-from bench.workload import MODELS
+from bench.workload import model_size
 
 
 @dataclass
@@ -112,7 +112,7 @@ def run_job(
         result.kill_steps = [k.step for k in kill_list]
         first_kill = min(result.kill_times, default=math.inf)
         result.steady_steps_per_s = metrics.steady_rate([c for c in commits if c.t < first_kill])
-        batch = MODELS[scenario.model].batch
+        batch = model_size(scenario.model).batch
         result.impacts = metrics.all_failures(commits, kill_list, config.world, batch)
         events = _ledger_events(out.ledger)
         recoveries = [e for e in events if e.get("event") == "recovery_done"]
@@ -149,7 +149,7 @@ def run_all(
     """Runs every job of ``config``; ``on_job``/``on_done`` report progress."""
     results = BenchResults(config)
     for scenario in config.scenarios:
-        state = MODELS[scenario.model].params * 4 * 3
+        state = model_size(scenario.model).params * 4 * 3
         on_job(f"{scenario.model}: gloo broadcast probe ({state / 1e6:.0f} MB)")
         results.broadcast_bps[scenario.model] = measure_broadcast(state)
         for repeat in range(scenario.repeats):

@@ -27,6 +27,7 @@ import matplotlib.pyplot as plt
 
 from bench import metrics
 from bench.config import PRESETS
+from bench.plot import save_figure
 from bench.procs import environment
 from bench.runner import run_job
 from bench.stall import PHASES
@@ -95,10 +96,8 @@ def plot(rows: list[dict], path: Path) -> None:
     ax.set_xlabel("host memory each worker holds besides its 15 MB of state (GiB)")
     ax.set_ylabel("ms per SIGKILL (median)")
     ax.set_title("Recovery stall against a killed worker's memory (small model, 2 cores)")
-    ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)
 
 
 def main() -> None:

@@ -55,11 +55,29 @@ MODELS: dict[str, ModelSize] = {
     "small": ModelSize(d_in=128, hidden=1040, d_out=64, batch=32),
     "large": ModelSize(d_in=192, hidden=2752, d_out=64, batch=32),
 }
+STATE_PREFIX = "state:"  # a model named by its state's size: ``state:250`` holds ~250 MB
+
+
+def model_size(name: str) -> ModelSize:
+    """The shape a model name stands for: a :data:`MODELS` key, or ``state:MB``, the small
+    model's shape with the hidden width that makes weights and AdamW state about ``MB`` MB
+    (``bench.state_sweep``). ``ValueError`` for anything else."""
+    if name in MODELS:
+        return MODELS[name]
+    mb = name.removeprefix(STATE_PREFIX)
+    if mb == name or not mb.isdigit() or int(mb) < 1:
+        raise ValueError(f"{name!r}: not one of {sorted(MODELS)} nor {STATE_PREFIX}MB")
+    base = MODELS["small"]
+    # params = hidden^2 + (d_in + d_out + 2) hidden + d_out; 12 bytes each with AdamW's moments
+    linear = base.d_in + base.d_out + 2
+    params = int(mb) * 1e6 / 12
+    hidden = round((-linear + (linear**2 + 4 * (params - base.d_out)) ** 0.5) / 2)
+    return ModelSize(base.d_in, max(hidden, 1), base.d_out, base.batch)
 
 
 def build_model(size: str) -> nn.Module:
-    """The MLP of ``MODELS[size]``, initialised from ``SEED`` (identical on every process)."""
-    shape = MODELS[size]
+    """The MLP of ``model_size(size)``, initialised from ``SEED`` (identical on every process)."""
+    shape = model_size(size)
     torch.manual_seed(SEED)
     return nn.Sequential(
         nn.Linear(shape.d_in, shape.hidden),
@@ -77,7 +95,7 @@ def build_optimizer(model: nn.Module) -> torch.optim.Optimizer:
 
 def make_batch(size: str, step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The batch of ``rank`` at ``step``: a pure function of its arguments (own generator)."""
-    shape = MODELS[size]
+    shape = model_size(size)
     gen = torch.Generator().manual_seed(SEED * 1_000_003 + step * 1009 + rank)
     x = torch.randn(shape.batch, shape.d_in, generator=gen)
     y = torch.randn(shape.batch, shape.d_out, generator=gen)
@@ -166,10 +184,18 @@ def save_weights(model: nn.Module, path: str | None) -> None:
         torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, path)
 
 
+def _model_name(name: str) -> str:
+    try:
+        model_size(name)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return name
+
+
 def worker_args(extra: argparse.ArgumentParser | None = None) -> argparse.Namespace:
     """The command line every worker script accepts (systems add their own flags)."""
     parser = extra or argparse.ArgumentParser()
-    parser.add_argument("--model", choices=sorted(MODELS), default="small")
+    parser.add_argument("--model", type=_model_name, default="small")
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--progress-file", default=None)
     parser.add_argument("--out", default=None, help="rank 0 saves final weights here")

@@ -20,6 +20,7 @@ import matplotlib
 matplotlib.use("Agg")  # headless
 import matplotlib.pyplot as plt
 
+from bench.plot import save_figure
 from bench.xfer import measure
 
 SERIES = {"broadcast": "gloo broadcast (floor)", "baseline": "baseline", "prepared": "prepared"}
@@ -74,7 +75,6 @@ def plot(
         f"transfer time against state size (hollow: not fitted, > {fit_below_mb:.0f} MB)"
     )
     left.legend(fontsize=8)
-    left.grid(alpha=0.3)
     for name in ("prepared", "broadcast"):
         counts = [r["sources"] for r in stripes]
         medians = [statistics.median(r["seconds"][name]) for r in stripes]
@@ -85,11 +85,7 @@ def plot(
     right.set_ylabel("seconds (median)")
     right.set_xticks([r["sources"] for r in stripes])
     right.legend(fontsize=8)
-    right.grid(alpha=0.3)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
     return fits
 
 
