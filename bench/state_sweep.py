@@ -62,7 +62,7 @@ def figures(mb: int, job: JobResult, floor_bytes_per_s: float) -> dict:
         "stall_s": [i.stall_s for i in job.impacts],
         "first_step_s": [p.total for p in job.phases],
         "transfer_s": [p.transfer for p in job.phases],
-        "step_s": [metrics.normal_interval(job.commits, t) for t in job.kill_times if job.commits],
+        "step_s": [metrics.normal_interval(job.commits, t) for t in job.kill_times],
         "floor_s": [nbytes / floor_bytes_per_s],
     }
 
@@ -77,8 +77,8 @@ def measure(sizes: list[int], kills: tuple[int, ...], steps: int, workdir: Path)
         job = run_job(TorchrelaySpare(), scenario, CONFIG, 0, True, workdir / model)
         if job.error:
             raise SystemExit(f"{mb} MB: {job.error}")
-        rows.append(figures(mb, job, floor))
-        row = rows[-1]
+        row = figures(mb, job, floor)
+        rows.append(row)
         shown = ", ".join(
             f"{label} {statistics.median(row[key]) * 1e3:.0f} ms"
             for key, (label, _) in SERIES.items()
@@ -134,10 +134,21 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n\nfits: " + "; ".join(fitted)
 
 
+def _counts(text: str) -> list[int]:
+    """A comma-separated list of positive integers, for argparse."""
+    try:
+        values = [int(part) for part in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: not positive integers, comma-separated")
+    return values
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--sizes", default="15,100,250,500,1000", help="MB, comma-separated")
-    parser.add_argument("--kills", default="40,80", help="steps, comma-separated")
+    parser.add_argument("--sizes", type=_counts, default="15,100,250,500,1000", help="MB")
+    parser.add_argument("--kills", type=_counts, default="40,80", help="steps")
     parser.add_argument("--steps", type=int, default=110)
     parser.add_argument("--json", type=Path, default=Path("docs/img/state_sweep.json"))
     parser.add_argument("--out", type=Path, default=Path("docs/img/state_sweep.png"))
@@ -146,14 +157,13 @@ def main() -> None:
     if args.plot_only:
         rows = json.loads(args.json.read_text())
     else:
-        sizes = [int(s) for s in args.sizes.split(",")]
-        kills = tuple(int(s) for s in args.kills.split(","))
+        kills = tuple(args.kills)
         if max(kills) + metrics.LOST_AFTER > args.steps:
             raise SystemExit(
                 f"--steps {args.steps}: the last kill needs {metrics.LOST_AFTER} steps after it"
             )
         with tempfile.TemporaryDirectory(prefix="bench-state-") as tmp:
-            rows = measure(sizes, kills, args.steps, Path(tmp))
+            rows = measure(args.sizes, kills, args.steps, Path(tmp))
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(rows, indent=1))
     plot(rows, args.out)

@@ -184,7 +184,8 @@ def save_weights(model: nn.Module, path: str | None) -> None:
         torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, path)
 
 
-def _model_name(name: str) -> str:
+def parse_model_name(name: str) -> str:
+    """``--model``'s argparse type: ``name`` if :func:`model_size` knows it."""
     try:
         model_size(name)
     except ValueError as exc:
@@ -195,7 +196,7 @@ def _model_name(name: str) -> str:
 def worker_args(extra: argparse.ArgumentParser | None = None) -> argparse.Namespace:
     """The command line every worker script accepts (systems add their own flags)."""
     parser = extra or argparse.ArgumentParser()
-    parser.add_argument("--model", type=_model_name, default="small")
+    parser.add_argument("--model", type=parse_model_name, default="small")
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--progress-file", default=None)
     parser.add_argument("--out", default=None, help="rank 0 saves final weights here")

@@ -10,11 +10,11 @@ import pytest
 from bench import state_sweep
 from bench.metrics import Commit, FailureImpact, RecoveryPhases
 from bench.runner import JobResult
-from bench.workload import MODELS, _model_name, model_size
+from bench.workload import MODELS, model_size, parse_model_name
 
 
 @pytest.mark.parametrize("mb", [15, 100, 1000, 2000])
-def test_a_model_named_by_its_state_holds_that_many_megabytes(mb):
+def test_aparse_model_named_by_its_state_holds_that_many_megabytes(mb):
     shape = model_size(f"state:{mb}")
     assert shape.params * 12 / 1e6 == pytest.approx(mb, rel=0.01)
     assert (shape.d_in, shape.d_out, shape.batch) == (128, 64, 32)  # the small model, wider
@@ -26,7 +26,14 @@ def test_named_models_keep_their_shapes_and_a_bad_name_is_refused():
         with pytest.raises(ValueError, match="not one of"):
             model_size(bad)
         with pytest.raises(argparse.ArgumentTypeError):
-            _model_name(bad)
+            parse_model_name(bad)
+
+
+def test_sizes_and_kills_must_be_positive_integers():
+    assert state_sweep._counts("15,100") == [15, 100]
+    for bad in ("", "15,x", "0", "15,-1"):
+        with pytest.raises(argparse.ArgumentTypeError, match="not positive integers"):
+            state_sweep._counts(bad)
 
 
 def _job(mb: int, stall_s: float, step_s: float) -> JobResult:
