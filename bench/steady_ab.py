@@ -51,6 +51,7 @@ from typing import Any
 
 from bench.metrics import median_difference
 from bench.procs import ProcessSet, free_port, wait_exit, worker_env
+from bench.workload import parse_model_name
 
 WORLD = 2
 VARIANTS = ("relay", "group")  # B and C
@@ -293,7 +294,7 @@ def main() -> None:
     parser.add_argument("--rank", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--model", default="small")
+    parser.add_argument("--model", type=parse_model_name, default="small")
     parser.add_argument("--rounds", type=int, default=80, help="rounds (B in half, C in half)")
     parser.add_argument("--block", type=int, default=10, help="steps per block")
     parser.add_argument(
