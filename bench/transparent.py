@@ -51,7 +51,9 @@ def run_job(launcher: str, workdir: Path, steps: int, timeout_s: float) -> dict:
         proc = procs.start(_command(launcher, workdir, steps), workdir / "out.log", env=env)
         code = wait_exit(proc, time.monotonic() + timeout_s)
     if code != 0 or not log.is_file():
-        raise RuntimeError(f"{launcher} exited with {code}; see {workdir / 'out.log'}")
+        # The work directory is temporary: what the launcher printed goes with the error.
+        output = (workdir / "out.log").read_text(errors="replace")[-3000:]
+        raise RuntimeError(f"{launcher} exited with {code}; its output ends:\n{output}")
     recorded = json.loads(log.read_text())
     hook = {
         name: {
