@@ -306,7 +306,7 @@ def render(
         shape = model_size(s.model)
         lines.append(
             f"- **{s.model}** model: {shape.params / 1e6:.2f} M parameters "
-            f"({shape.params * 12 / 1e6:.0f} MB weights + AdamW state), batch "
+            f"({shape.state_bytes / 1e6:.0f} MB weights + AdamW state), batch "
             f"{shape.batch}/rank, {s.steps} steps, kills at steps "
             f"{', '.join(map(str, s.kill_steps))}, {s.repeats} repeat(s)"
         )

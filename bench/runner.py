@@ -149,7 +149,7 @@ def run_all(
     """Runs every job of ``config``; ``on_job``/``on_done`` report progress."""
     results = BenchResults(config)
     for scenario in config.scenarios:
-        state = model_size(scenario.model).params * 4 * 3
+        state = model_size(scenario.model).state_bytes
         on_job(f"{scenario.model}: gloo broadcast probe ({state / 1e6:.0f} MB)")
         results.broadcast_bps[scenario.model] = measure_broadcast(state)
         for repeat in range(scenario.repeats):

@@ -55,7 +55,7 @@ def figures(mb: int, job: JobResult, floor_bytes_per_s: float) -> dict:
     """One size's row: the state's bytes (as the ledger counted them), and per kill each
     figure of the module doc, in seconds; the floor for the same bytes."""
     moved = [p.bytes_moved for p in job.phases]
-    nbytes = statistics.median(moved) if moved else model_size(f"{STATE_PREFIX}{mb}").params * 12
+    nbytes = statistics.median(moved) if moved else model_size(f"{STATE_PREFIX}{mb}").state_bytes
     return {
         "mb": mb,
         "bytes": nbytes,
@@ -72,7 +72,7 @@ def measure(sizes: list[int], kills: tuple[int, ...], steps: int, workdir: Path)
     rows = []
     for mb in sizes:
         model = f"{STATE_PREFIX}{mb}"
-        floor = measure_broadcast(model_size(model).params * 12)
+        floor = measure_broadcast(model_size(model).state_bytes)
         scenario = Scenario(model, steps, kills, 1)
         job = run_job(TorchrelaySpare(), scenario, CONFIG, 0, True, workdir / model)
         if job.error:

@@ -34,7 +34,7 @@ LR = 1e-3
 
 @dataclass(frozen=True)
 class ModelSize:
-    """An MLP shape. ``params`` is exact; state bytes = params * 4 B * 3 (weights + AdamW m, v)."""
+    """An MLP shape; ``params`` is exact."""
 
     d_in: int
     hidden: int
@@ -48,6 +48,11 @@ class ModelSize:
             + (self.hidden + 1) * self.hidden
             + (self.hidden + 1) * self.d_out
         )
+
+    @property
+    def state_bytes(self) -> int:
+        """Weights and AdamW's two moments, float32."""
+        return self.params * 4 * 3
 
 
 # small ~ the README's 1.26 M-parameter demo GPT; large ~ 100 MB of weights + AdamW state.

@@ -16,7 +16,7 @@ from bench.workload import MODELS, model_size, parse_model_name
 @pytest.mark.parametrize("mb", [15, 100, 1000, 2000])
 def test_aparse_model_named_by_its_state_holds_that_many_megabytes(mb):
     shape = model_size(f"state:{mb}")
-    assert shape.params * 12 / 1e6 == pytest.approx(mb, rel=0.01)
+    assert shape.state_bytes / 1e6 == pytest.approx(mb, rel=0.01)
     assert (shape.d_in, shape.d_out, shape.batch) == (128, 64, 32)  # the small model, wider
 
 
