@@ -24,9 +24,9 @@ from bench.procs import WORKERS, ProcessSet, free_port, wait_exit, worker_env
 
 SCRIPT = WORKERS / "plain_steps.py"
 # torch's own teardown, not the script's nor torchrelay's: a gloo thread that drops a finished
-# all-reduce during interpreter shutdown aborts the process (pytorch/pytorch#190489; see
-# tests/test_transparent_multiprocess.py). Plain torchrun hit it in 1 run of 8-14 here, after
-# its last step; a job that ended so is run again, as the tests' reference runs are.
+# all-reduce during interpreter shutdown aborts the process (pytorch/pytorch#190489; the core
+# dump's frames: tests/test_transparent_multiprocess.py, whose runs retry by these too). Plain
+# torchrun hit it in 1 run of 8-14 here, after its last step; a job that ended so runs again.
 TORCH_TEARDOWN_ABORT = "terminate called without an active exception"
 ATTEMPTS = 3
 

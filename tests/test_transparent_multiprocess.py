@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench.transparent import ATTEMPTS, TORCH_TEARDOWN_ABORT
 from tests.etcd import free_port
 from tests.jobs import (
     SCRIPTS,
@@ -49,9 +50,8 @@ Weights = dict[str, torch.Tensor]
 # ~ThreadLocalState -> SafePyObject decref -> PyThread_exit_thread -> std::terminate; upstream:
 # pytorch/pytorch#190489). Under load it hit about 1 plain torchrun run in 12, and about 1
 # transparent job in 70. A run, the reference's or torchrelay's, is repeated when, and
-# only when, that is how it ended.
-TORCH_TEARDOWN_ABORT = "terminate called without an active exception"
-ATTEMPTS = 3
+# only when, that is how it ended (the marker and the attempts: bench.transparent's, which
+# retries its own runs by the same rule).
 
 
 @pytest.fixture(scope="module")
