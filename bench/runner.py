@@ -61,18 +61,20 @@ class BenchResults:
         ]
 
 
-def _kills(workdir: Path) -> list[metrics.Kill]:
+def kills_in(workdir: Path) -> list[metrics.Kill]:
+    """The kills a job's ``KillSwitch`` markers in ``workdir`` recorded, in time order."""
     kills = [metrics.parse_kill_marker(p.read_text()) for p in workdir.glob("kill*")]
     return sorted(kills, key=lambda k: k.t)
 
 
-def _ledger_events(ledger: Path | None) -> list[dict[str, Any]]:
+def ledger_events(ledger: Path | None) -> list[dict[str, Any]]:
+    """A torchrelay ledger's events ([] if there is none)."""
     if ledger is None or not ledger.exists():
         return []
     return [json.loads(line) for line in ledger.read_text().splitlines() if line.strip()]
 
 
-def _template_log(ledger: Path | None) -> str:
+def template_log(ledger: Path | None) -> str:
     """The node template's log beside a torchrelay ledger ('' if there is none)."""
     log = None if ledger is None else ledger.parent / "logs" / "template.log"
     return log.read_text() if log is not None and log.exists() else ""
@@ -107,20 +109,20 @@ def run_job(
         commits = metrics.parse_progress(spec.progress_file.read_text())
         result.commits = commits
         result.start_t = commits[0].t if commits else math.nan
-        kill_list = _kills(workdir)
+        kill_list = kills_in(workdir)
         result.kill_times = [k.t for k in kill_list]
         result.kill_steps = [k.step for k in kill_list]
         first_kill = min(result.kill_times, default=math.inf)
         result.steady_steps_per_s = metrics.steady_rate([c for c in commits if c.t < first_kill])
         batch = model_size(scenario.model).batch
         result.impacts = metrics.all_failures(commits, kill_list, config.world, batch)
-        events = _ledger_events(out.ledger)
+        events = ledger_events(out.ledger)
         recoveries = [e for e in events if e.get("event") == "recovery_done"]
         result.phases = [
             metrics.recovery_phases(e, k)
             for e, k in zip(recoveries, result.kill_times, strict=False)
         ]
-        refills = metrics.refill_cpu(events, _template_log(out.ledger))
+        refills = metrics.refill_cpu(events, template_log(out.ledger))
         result.refill_cpu_s = [cpu for cpu, _ in refills]
         if spec.weights_file.exists():
             result.weights = spec.weights_file

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import metrics
-from bench.runner import _kills
+from bench.runner import kills_in, ledger_events, template_log
 from bench.systems import RunSpec, TorchrelaySpare
 
 VARIANTS = {"template": (), "no template": ("--no-template",)}
@@ -98,16 +98,13 @@ def _run(variant: str, workdir: Path, args: argparse.Namespace, kills: tuple[int
     cpu_s = _children_cpu() - before
     if out.returncode != 0:
         raise RuntimeError(f"{variant}: exit code {out.returncode}; logs in {workdir}")
-    assert out.ledger is not None
-    events = [json.loads(line) for line in out.ledger.read_text().splitlines() if line.strip()]
-    template_log = workdir / "relay" / "logs" / "template.log"
     return {
         "wall_s": out.wall_s,
         "cpu_s": cpu_s,
-        "events": events,
+        "events": ledger_events(out.ledger),
         "commits": metrics.parse_progress(spec.progress_file.read_text()),
-        "kills": _kills(workdir),
-        "template_log": template_log.read_text() if template_log.exists() else "",
+        "kills": kills_in(workdir),
+        "template_log": template_log(out.ledger),
     }
 
 
