@@ -22,7 +22,9 @@ that alone, identically for all systems:
   that commit's time less the commit of ``h``, less ``p`` for each step between them. It counts
   the stall and the slower steps after it (a refill spare starting beside the workers, a new
   communicator's first collectives, torchft's rejoin), as an end-to-end time does, without the
-  job-to-job drift of the pace that a ratio of two jobs' times carries.
+  job-to-job drift of the pace that a ratio of two jobs' times carries;
+- *after the stall*: the first ``AFTER_STALL`` steps from the stall's end, each step's time over
+  ``p``: which of those slower steps the time lost beyond the stall is made of.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ class Kill:
 
 
 LOST_AFTER = 25  # steps at full strength after a kill by which its time lost is taken
+AFTER_STALL = 10  # steps after a stall whose pace ``after_stall`` reports
 
 
 @dataclass(frozen=True)
@@ -187,15 +190,49 @@ def failure_impact(
     )
 
 
+def _until_next(kills: Sequence[Kill]) -> list[tuple[Kill, float]]:
+    """Each kill in time order, with the time of the next one (``inf`` for the last)."""
+    ordered = sorted(kills, key=lambda k: k.t)
+    bounds = [*(k.t for k in ordered[1:]), math.inf][: len(ordered)]
+    return list(zip(ordered, bounds, strict=True))
+
+
 def all_failures(
     commits: Sequence[Commit], kills: Sequence[Kill], world: int, batch: int
 ) -> list[FailureImpact]:
     """``failure_impact`` of each kill, each one looked at until the next kill."""
-    ordered = sorted(kills, key=lambda k: k.t)
-    bounds = [*(k.t for k in ordered[1:]), math.inf][: len(ordered)]
+    return [failure_impact(commits, k, world, batch, until=u) for k, u in _until_next(kills)]
+
+
+def after_stall(
+    commits: Sequence[Commit],
+    kill: Kill,
+    stall_s: float,
+    until: float = math.inf,
+    count: int = AFTER_STALL,
+) -> list[float]:
+    """The gaps between the first ``count`` + 1 consecutive new steps from the stall's end (the
+    commit that starts its paced run), each over the normal interval before ``kill``: where a
+    kill's time lost beyond its stall goes. Fewer where the next kill (``until``) or a gap in
+    the steps comes first; none where no stall ended (``stall_s`` NaN)."""
+    interval = normal_interval(commits, kill.t)
+    end = kill.t + stall_s - 1e-9  # the stall's end is that commit's own time
+    run = [c for c in commits if end <= c.t < until]
+    ratios: list[float] = []
+    for a, b in itertools.pairwise(run):
+        if b.step != a.step + 1 or len(ratios) == count:
+            break
+        ratios.append((b.t - a.t) / interval)
+    return ratios
+
+
+def all_after_stall(
+    commits: Sequence[Commit], kills: Sequence[Kill], impacts: Sequence[FailureImpact]
+) -> list[list[float]]:
+    """``after_stall`` of each kill (``impacts``: ``all_failures``'s, in the same order)."""
     return [
-        failure_impact(commits, k, world, batch, until=u)
-        for k, u in zip(ordered, bounds, strict=True)
+        after_stall(commits, k, impact.stall_s, until=u)
+        for (k, u), impact in zip(_until_next(kills), impacts, strict=True)
     ]
 
 

@@ -41,6 +41,7 @@ class JobResult:
     start_t: float = math.nan
     weights: Path | None = None
     refill_cpu_s: list[float] = field(default_factory=list)  # torchrelay's refill spares
+    after_stall: list[list[float]] = field(default_factory=list)  # per kill, metrics.after_stall
     error: str | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -116,6 +117,7 @@ def run_job(
         result.steady_steps_per_s = metrics.steady_rate([c for c in commits if c.t < first_kill])
         batch = model_size(scenario.model).batch
         result.impacts = metrics.all_failures(commits, kill_list, config.world, batch)
+        result.after_stall = metrics.all_after_stall(commits, kill_list, result.impacts)
         events = ledger_events(out.ledger)
         recoveries = [e for e in events if e.get("event") == "recovery_done"]
         result.phases = [

@@ -7,7 +7,9 @@ the median (min-max) of each ledger phase (detect, plan, communicator, transfer,
 kill -> first step, the bench's stall and time lost per failure (``bench.metrics``), the CPU
 each refill spare used until ready and the transfer's MB/s, for each tree, and the differences
 with their 95 % intervals: on this 2-core VM the interval of the total is about +-10 ms with 9
-kills a tree (``--pairs 3``) and +-6 ms with 15 (bench/analysis.md, "Tenth pass").
+kills a tree (``--pairs 3``) and +-6 ms with 15 (bench/analysis.md, "Tenth pass"). A second
+table shows, per tree, each of the first steps after the stall over the pace before its kill
+(``metrics.after_stall``): the slow steps a kill's time lost beyond its stall is made of.
 ``--baseline-env KEY=VALUE`` (repeatable) runs the baseline with those environment settings,
 on this tree when no ``--baseline-src`` is given: a switch measured on and off in turn, e.g.
 ``TORCHRELAY_HUGEPAGES=0``.
@@ -22,6 +24,7 @@ import argparse
 import dataclasses
 import json
 import os
+import statistics
 import tempfile
 from pathlib import Path
 
@@ -73,6 +76,22 @@ def table(results: dict[str, list[JobResult]]) -> str:
         diffs = [_difference(mine[name], base[name]) for name in columns]
         rate = _difference(mine["rate"], base["rate"], 1e-6)
         rows.append(f"| difference (95 % interval) | {' | '.join(diffs)} | {rate} | |")
+    return "\n".join(rows)
+
+
+def after_stall_table(results: dict[str, list[JobResult]]) -> str:
+    """A markdown table: per tree, the median over its kills of each step's time after the
+    stall (``metrics.after_stall``: 1 is the pace before the kill), and how many kills."""
+    positions = range(metrics.AFTER_STALL)
+    head = "| tree | " + " | ".join(f"step {i + 1}" for i in positions) + " | kills |"
+    rows = [head, "|" + "---|" * (metrics.AFTER_STALL + 2)]
+    for tree, jobs in results.items():
+        series = [ratios for job in jobs for ratios in job.after_stall]
+        cells = []
+        for i in positions:
+            at = [ratios[i] for ratios in series if len(ratios) > i]
+            cells.append(f"{statistics.median(at):.2f}" if at else "-")
+        rows.append(f"| {tree} | {' | '.join(cells)} | {len(series)} |")
     return "\n".join(rows)
 
 
@@ -132,6 +151,8 @@ def main() -> None:
                 stalls = [i.stall_s for i in job.impacts]
                 print(f"pair {pair} {tree}: {json.dumps({'phases': phases, 'stalls': stalls})}")
     print(table(results))
+    print("\nEach step's time after the stall over the pace before its kill (median of the kills):")
+    print(after_stall_table(results))
 
 
 if __name__ == "__main__":

@@ -161,3 +161,24 @@ def test_a_difference_of_medians_is_resolved_only_beyond_the_samples_noise() -> 
     assert slower.resolved and slower.lo <= 0.020 <= slower.hi
     assert metrics.median_difference([0.080 + n for n in noise], base) == slower  # seeded
     assert math.isnan(metrics.median_difference([], base).median)
+
+
+def test_after_the_stall_each_step_is_timed_against_the_pace_before_the_kill() -> None:
+    """Step 50 ends the stall (it commits 0.2 s late); the next steps take 0.2, 0.15, 0.1 s."""
+    gaps = [0.2, 0.15, *[0.1] * 20]
+    after = [Commit(50, 5.2, 2)]
+    for step, gap in enumerate(gaps, start=51):
+        after.append(Commit(step, after[-1].t + gap, 2))
+    commits = [*steady(range(50), 0.0, 0.1), *after]
+    [impact] = metrics.all_failures(commits, [Kill(50, 4.95)], world=2, batch=8)
+    assert impact.stall_s == pytest.approx(0.25)
+    [ratios] = metrics.all_after_stall(commits, [Kill(50, 4.95)], [impact])
+    assert ratios == pytest.approx([2.0, 1.5, *[1.0] * 8])  # metrics.AFTER_STALL of them
+    # Bounded by the next kill (at 5.6, before step 53 commits); none where no stall ended.
+    assert metrics.after_stall(commits, Kill(50, 4.95), 0.25, until=5.6) == pytest.approx([2, 1.5])
+    assert metrics.after_stall(commits, Kill(50, 4.95), math.nan) == []
+
+
+def test_after_the_stall_stops_at_a_step_committed_again() -> None:
+    commits = [*steady(range(50), 0.0, 0.1), *steady(range(50, 53), 5.2, 0.1), Commit(52, 5.6, 2)]
+    assert metrics.after_stall(commits, Kill(50, 4.95), 0.25) == pytest.approx([1.0, 1.0])

@@ -62,3 +62,18 @@ def test_a_baseline_setting_holds_only_while_its_jobs_run(monkeypatch):
     assert os.environ["TORCHRELAY_HUGEPAGES"] == "1" and "BENCH_SRC" not in os.environ
     with pytest.raises(argparse.ArgumentTypeError, match="not KEY=VALUE"):
         stall._setting("TORCHRELAY_HUGEPAGES")
+
+
+def test_the_after_stall_table_takes_each_steps_median_over_every_kill_of_a_tree():
+    def job(*series: list[float]) -> JobResult:
+        return JobResult("torchrelay", "small", 0, len(series), after_stall=list(series))
+
+    shown = stall.after_stall_table(
+        {"this tree": [job([2.0, 1.5], [1.0, 1.5, 1.2]), job([3.0, 0.9])], "baseline": [job()]}
+    )
+    rows = shown.splitlines()
+    assert rows[0].startswith("| tree | step 1 | step 2 | step 3 |") and rows[0].endswith("kills |")
+    cells = rows[2].split(" | ")
+    assert cells[1:4] == ["2.00", "1.50", "1.20"]  # step 3: the one kill that reached it
+    assert cells[4] == "-" and cells[-1] == "3 |"
+    assert rows[3] == "| baseline | " + " | ".join(["-"] * 10) + " | 0 |"
