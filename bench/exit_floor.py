@@ -19,7 +19,7 @@ torchrelay's exit holder (:mod:`torchrelay.runtime.exit_holder`, which leaves th
 to a process sharing the memory): the floor against memory, and what the holder leaves of it.
 
 Every sample runs twice: with 4 KiB pages, and with the heap in transparent huge pages as the
-node agent starts workers (:mod:`torchrelay.agent.hugepages`), where the kernel unmaps 512
+node agent starts workers (:mod:`torchrelay.heap`), where the kernel unmaps 512
 times fewer pages.
 """
 
@@ -34,8 +34,8 @@ import time
 from pathlib import Path
 
 from bench.procs import worker_env
-from torchrelay.agent.hugepages import SWITCH
 from torchrelay.agent.template import NodeTemplate
+from torchrelay.heap import HUGEPAGES_SWITCH as SWITCH
 
 _DIE = """
 import os, signal, time

@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 
-from torchrelay.agent.hugepages import hugepage_environment
+from torchrelay.heap import heap_environment
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 WORKERS = Path(__file__).resolve().parent / "workers"
@@ -50,9 +50,10 @@ def environment(settings: dict[str, str]) -> Iterator[None]:
 
 
 def worker_env(**extra: str) -> dict[str, str]:
-    """The environment every child gets: one intra-op thread (2 cores, 2+ processes), the heap
-    in huge pages, and this checkout's ``src`` first on the path (``$BENCH_SRC`` instead, to
-    measure another tree), then the caller's ``$PYTHONPATH``."""
+    """The environment every child gets: one intra-op thread (2 cores, 2+ processes), glibc's
+    tunables as torchrelay's node agent sets them (:mod:`torchrelay.heap`), and this
+    checkout's ``src`` first on the path (``$BENCH_SRC`` instead, to measure another tree),
+    then the caller's ``$PYTHONPATH``."""
     env = dict(os.environ)
     src = os.environ.get("BENCH_SRC") or str(REPO_ROOT / "src")
     # After ours, the caller's path: where it keeps packages of its own (scripts/gpu_check.sh).
@@ -64,8 +65,10 @@ def worker_env(**extra: str) -> dict[str, str]:
         **extra,
     )
     # As torchrelay's node agent starts its workers, so that every system compared runs on
-    # the same allocator (``TORCHRELAY_HUGEPAGES=0``: all on 4 KiB pages).
-    env.update(hugepage_environment(env))
+    # the same allocator (``TORCHRELAY_HUGEPAGES=0``: all on 4 KiB pages). Only the processes that
+    # call runtime.allocator.keep_freed_memory (torchrelay's workers, both sides of
+    # bench.steady_ab) then keep their large freed blocks.
+    env.update(heap_environment(env))
     return env
 
 

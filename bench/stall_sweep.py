@@ -3,7 +3,7 @@
 The kernel unmaps a killed process's memory before anyone can learn of its death (see
 ``bench.exit_floor``), so a worker's host memory is added to every recovery's detection: ~70 ms
 per GiB on 4 KiB pages, about a tenth of that on the huge pages the node agent gives workers'
-heaps (:mod:`torchrelay.agent.hugepages`), next to nothing with torchrelay's exit holder
+heaps (:mod:`torchrelay.heap`), next to nothing with torchrelay's exit holder
 (:mod:`torchrelay.runtime.exit_holder`, opt-in). Each size runs torchrelay jobs of
 ``bench.config``'s small scenario (3 SIGKILLs each) whose workers hold that many GiB besides
 their state (``bench.stall --resident-gib``), in each of the :data:`SETTINGS` in turn,
@@ -33,7 +33,7 @@ from bench.runner import run_job
 from bench.stall import PHASES
 from bench.systems import TorchrelaySpare
 from bench.workload import RESIDENT_GIB
-from torchrelay.agent.hugepages import SWITCH as HUGEPAGES
+from torchrelay.heap import HUGEPAGES_SWITCH as HUGEPAGES
 from torchrelay.runtime.exit_holder import SWITCH as HOLDER
 
 # Each setting's environment, and its color in the plot.

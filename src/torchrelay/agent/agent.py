@@ -26,7 +26,6 @@ from collections.abc import Callable, Collection, Iterable
 from typing import IO, Any
 
 from torchrelay.agent.copying import Copying
-from torchrelay.agent.hugepages import hugepage_environment
 from torchrelay.agent.resume import checkpoint_environment
 from torchrelay.agent.spawn import ask_group_to_end, await_group_end, signal_group, spawn
 from torchrelay.agent.stack_dump import StackDumps
@@ -35,6 +34,7 @@ from torchrelay.config import JobConfig
 from torchrelay.health import quarantine
 from torchrelay.health.poller import HealthPoller, node_sources
 from torchrelay.health.readings import Reading
+from torchrelay.heap import heap_environment
 from torchrelay.transparent.launch import worker_command, worker_environment
 from torchrelay.transparent.park import Channel, Notice
 
@@ -104,7 +104,7 @@ class NodeAgent(Copying):
             env.update(worker_environment(env))
         # Like torchrun: several processes per node must not each spawn a thread per core.
         env.setdefault("OMP_NUM_THREADS", "1")
-        env.update(hugepage_environment(env))
+        env.update(heap_environment(env))
         self.environment = env
 
     # ------------------------------------------------------------------ start

@@ -1,6 +1,6 @@
 """Every process the node agent starts, forked from its template or not, keeps its heap in
-transparent huge pages (``agent.hugepages``), unless the switch or the user's own tunable says
-otherwise."""
+transparent huge pages with glibc's per-thread cache off (``torchrelay.heap``), unless a switch
+or the user's own tunable says otherwise."""
 
 from __future__ import annotations
 
@@ -10,8 +10,14 @@ import pytest
 
 from tests.jobs import printed_lines
 from torchrelay.agent.agent import NodeAgent
-from torchrelay.agent.hugepages import SWITCH, TUNABLES, hugepage_environment
 from torchrelay.config import JobConfig
+from torchrelay.heap import (
+    HUGEPAGES_SWITCH,
+    KEEP_LARGE_BLOCKS_SWITCH,
+    TUNABLES,
+    heap_environment,
+    keeps_large_blocks,
+)
 
 THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 # 64 MiB written through malloc, then how much of this process's memory is in huge pages.
@@ -30,16 +36,29 @@ def _thp_mode() -> str:
     return text.split("[", 1)[1].split("]", 1)[0]
 
 
-def test_the_tunable_is_added_to_the_users_own():
-    assert hugepage_environment({}) == {TUNABLES: "glibc.malloc.hugetlb=1"}
-    assert hugepage_environment({TUNABLES: "glibc.malloc.arena_max=2"}) == {
-        TUNABLES: "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
+BOTH = "glibc.malloc.hugetlb=1:glibc.malloc.tcache_count=0"
+
+
+def test_the_tunables_are_added_to_the_users_own():
+    assert heap_environment({}) == {TUNABLES: BOTH}
+    assert heap_environment({TUNABLES: "glibc.malloc.arena_max=2"}) == {
+        TUNABLES: f"glibc.malloc.arena_max=2:{BOTH}"
     }
 
 
-def test_the_switch_or_the_users_setting_leaves_the_environment_as_it_is():
-    assert hugepage_environment({SWITCH: "0"}) == {}
-    assert hugepage_environment({TUNABLES: "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=0"}) == {}
+def test_a_switch_or_the_users_setting_leaves_its_tunable_out():
+    assert heap_environment({HUGEPAGES_SWITCH: "0"}) == {TUNABLES: "glibc.malloc.tcache_count=0"}
+    assert heap_environment({KEEP_LARGE_BLOCKS_SWITCH: "0"}) == {TUNABLES: "glibc.malloc.hugetlb=1"}
+    assert heap_environment({HUGEPAGES_SWITCH: "0", KEEP_LARGE_BLOCKS_SWITCH: "0"}) == {}
+    users = "glibc.malloc.hugetlb=0:glibc.malloc.tcache_count=3"
+    assert heap_environment({TUNABLES: users}) == {}
+
+
+def test_large_blocks_are_kept_only_with_the_cache_off_and_the_switch_on():
+    assert keeps_large_blocks({TUNABLES: BOTH})
+    assert not keeps_large_blocks({TUNABLES: BOTH, KEEP_LARGE_BLOCKS_SWITCH: "0"})
+    assert not keeps_large_blocks({})  # started without the agent's environment
+    assert not keeps_large_blocks({TUNABLES: "glibc.malloc.tcache_count=3"})
 
 
 @pytest.mark.skipif(_thp_mode() == "never", reason="the kernel's THP mode is never")
@@ -48,7 +67,7 @@ def test_the_switch_or_the_users_setting_leaves_the_environment_as_it_is():
 def test_a_workers_heap_is_in_huge_pages(tmp_path, monkeypatch, template, switch):
     if switch == "0" and _thp_mode() == "always":
         pytest.skip("with THP always on, every heap has huge pages")
-    monkeypatch.setenv(SWITCH, switch)
+    monkeypatch.setenv(HUGEPAGES_SWITCH, switch)
     monkeypatch.delenv(TUNABLES, raising=False)
     script = tmp_path / "heap.py"
     script.write_text(_WORKER)
