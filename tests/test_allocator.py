@@ -35,6 +35,9 @@ print(json.dumps({"applied": applied, "faults": faults}))
 """
 
 
+AS_THE_AGENT_SETS = {TUNABLES: "glibc.malloc.tcache_count=0"}
+
+
 def _probe(mode: str, probe: str = PROBE, **env: str) -> dict:
     done = subprocess.run(
         [sys.executable, "-c", probe, mode],
@@ -47,10 +50,11 @@ def _probe(mode: str, probe: str = PROBE, **env: str) -> dict:
     return json.loads(done.stdout)
 
 
-def test_an_optimizers_steps_stop_faulting_once_freed_memory_is_kept():
-    kept = _probe("keep")
+@pytest.mark.parametrize("env", [AS_THE_AGENT_SETS, {}], ids=["agent", "thresholds-only"])
+def test_an_optimizers_steps_stop_faulting_once_freed_memory_is_kept(env):
+    kept = _probe("keep", **env)
     assert kept["applied"] is True
-    returned = _probe("returned")
+    returned = _probe("returned", **env)
     assert returned["applied"] is True
     # With glibc's starting thresholds held, every 2 MB temporary of AdamW's comes back as
     # fresh pages each step (65,665 faults over steps 8-39, every run): the probe counts what
@@ -75,7 +79,6 @@ for _ in range(40):
     resident.append(int(status.split("VmRSS:")[1].split()[0]) >> 10)  # MiB
 print(json.dumps({"applied": applied, "faults": faults, "resident": resident}))
 """
-AS_THE_AGENT_SETS = {TUNABLES: "glibc.malloc.tcache_count=0"}
 
 
 def test_blocks_over_the_mmap_bound_are_kept_with_the_agents_tunables():
