@@ -50,7 +50,9 @@ def _probe(mode: str, probe: str = PROBE, **env: str) -> dict:
     return json.loads(done.stdout)
 
 
-@pytest.mark.parametrize("env", [AS_THE_AGENT_SETS, {}], ids=["agent", "thresholds-only"])
+@pytest.mark.parametrize(
+    "env", [AS_THE_AGENT_SETS, {TUNABLES: ""}], ids=["agent", "thresholds-only"]
+)
 def test_an_optimizers_steps_stop_faulting_once_freed_memory_is_kept(env):
     kept = _probe("keep", **env)
     assert kept["applied"] is True
@@ -94,7 +96,7 @@ def test_blocks_over_the_mmap_bound_are_kept_with_the_agents_tunables():
 
 @pytest.mark.parametrize(
     "env",
-    [{**AS_THE_AGENT_SETS, KEEP_LARGE_BLOCKS_SWITCH: "0"}, {}],
+    [{**AS_THE_AGENT_SETS, KEEP_LARGE_BLOCKS_SWITCH: "0"}, {TUNABLES: ""}],
     ids=["switched-off", "cache-on"],
 )
 def test_large_blocks_go_back_to_the_kernel_when_switched_off_or_unsafe(env):

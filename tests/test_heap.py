@@ -20,12 +20,15 @@ from torchrelay.heap import (
 )
 
 THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-# 64 MiB written through malloc, then how much of this process's memory is in huge pages.
+# 64 MiB written through malloc, then how much of this process's memory is in huge pages, and
+# whether its environment lets runtime.allocator keep large blocks.
 _WORKER = """
-import re, signal
+import os, re, signal
+from torchrelay.heap import keeps_large_blocks
 data = bytearray(b"\\x01") * (64 << 20)
 rollup = open("/proc/self/smaps_rollup").read()
-print(re.search(r"AnonHugePages:\\s+(\\d+) kB", rollup).group(1), flush=True)
+huge = re.search(r"AnonHugePages:\\s+(\\d+) kB", rollup).group(1)
+print(huge, int(keeps_large_blocks(os.environ)), flush=True)
 signal.pause()
 """
 
@@ -64,7 +67,9 @@ def test_large_blocks_are_kept_only_with_the_cache_off_and_the_switch_on():
 @pytest.mark.skipif(_thp_mode() == "never", reason="the kernel's THP mode is never")
 @pytest.mark.parametrize("template", [True, False], ids=["forked", "spawned"])
 @pytest.mark.parametrize("switch", ["1", "0"])
-def test_a_workers_heap_is_in_huge_pages(tmp_path, monkeypatch, template, switch):
+def test_a_workers_heap_is_in_huge_pages_and_keeps_large_blocks(
+    tmp_path, monkeypatch, template, switch
+):
     if switch == "0" and _thp_mode() == "always":
         pytest.skip("with THP always on, every heap has huge pages")
     monkeypatch.setenv(HUGEPAGES_SWITCH, switch)
@@ -78,9 +83,10 @@ def test_a_workers_heap_is_in_huge_pages(tmp_path, monkeypatch, template, switch
     agent.configure(1, "127.0.0.1:1", "token")
     try:
         agent.start_workers()
-        huge = int(printed_lines(agent.log_dir, ["worker0"])["worker0"])  # KiB
+        huge, keeps = map(int, printed_lines(agent.log_dir, ["worker0"])["worker0"].split())
     finally:
         agent.kill_all()
+    assert keeps == 1  # the other switch: each leaves only its own tunable out
     if switch == "1":
         assert huge >= 32 << 10, f"only {huge} KiB of a 64 MiB heap in huge pages"
     else:
