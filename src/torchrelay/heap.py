@@ -42,10 +42,14 @@ TCACHE_COUNT = "glibc.malloc.tcache_count"
 SETTINGS = {HUGETLB: (HUGEPAGES_SWITCH, "1"), TCACHE_COUNT: (KEEP_LARGE_BLOCKS_SWITCH, "0")}
 
 
+def _items(env: Mapping[str, str]) -> list[str]:
+    """``env``'s ``GLIBC_TUNABLES`` as its ``name=value`` items, in order."""
+    return [item for item in env.get(TUNABLES, "").split(":") if item]
+
+
 def tunables(env: Mapping[str, str]) -> dict[str, str]:
     """The glibc tunables ``env`` sets, by name (a later setting of a name wins, as in glibc)."""
-    items = (item.partition("=") for item in env.get(TUNABLES, "").split(":") if item)
-    return {name: value for name, _, value in items}
+    return {name: value for name, _, value in (item.partition("=") for item in _items(env))}
 
 
 def keeps_large_blocks(env: Mapping[str, str]) -> bool:
@@ -66,4 +70,4 @@ def heap_environment(env: Mapping[str, str]) -> dict[str, str]:
     ]
     if not added:
         return {}
-    return {TUNABLES: ":".join([*filter(None, env.get(TUNABLES, "").split(":")), *added])}
+    return {TUNABLES: ":".join([*_items(env), *added])}
