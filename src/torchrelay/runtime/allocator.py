@@ -22,7 +22,8 @@ only fixes the thresholds: the mmap threshold at 32 MB and the trim threshold at
 
 The cost is memory: a process's resident size stays at the most it held at once, which a
 training step reaches every iteration anyway, plus what the heap's layout adds (in the jobs
-above: the same peak at 500 MB, 11 % more at 1 GB). Without glibc (musl, macOS) nothing
+above: the same peak at 500 MB, 11 % more at 1 GB; on batches of changing shape 1-17 % more,
+which then stopped growing: ``bench.heap_shapes``). Without glibc (musl, macOS) nothing
 changes.
 """
 
