@@ -27,6 +27,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from bench.procs import worker_env
 from torchrelay.heap import KEEP_LARGE_BLOCKS_SWITCH
@@ -53,11 +54,12 @@ class Shapes:
 
 
 def _resident_mib() -> float:
+    """This process's resident size now, in MiB."""
     with open("/proc/self/statm") as statm:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / MIB
 
 
-def train(shapes: Shapes) -> dict[str, object]:
+def train(shapes: Shapes) -> dict[str, Any]:
     """Train on ``shapes`` in this process; the figures :func:`summary` reads."""
     import torch
 
@@ -89,7 +91,7 @@ def train(shapes: Shapes) -> dict[str, object]:
     }
 
 
-def summary(setting: str, run: dict) -> dict[str, object]:
+def summary(setting: str, run: dict[str, Any]) -> dict[str, Any]:
     """One run's row: the step time, faults a step, and the resident size at its peak, over the
     run (median) and at the end; the first two steps, where every heap grows, left out."""
     later = slice(2, None)
@@ -104,7 +106,8 @@ def summary(setting: str, run: dict) -> dict[str, object]:
     }
 
 
-def table(rows: list[dict]) -> str:
+def table(rows: list[dict[str, Any]]) -> str:
+    """The rows of :func:`summary` as a Markdown table, one run a line."""
     lines = [
         "| heap | run, s | median step, ms | faults a step | peak, MB | resident (median), MB"
         " | resident at end, MB |",
@@ -119,7 +122,7 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def measure(shapes: Shapes, setting: str) -> dict[str, object]:
+def measure(shapes: Shapes, setting: str) -> dict[str, Any]:
     """One run of ``shapes`` in a fresh process under ``setting`` (a key of ``SETTINGS``)."""
     env = worker_env(**{KEEP_LARGE_BLOCKS_SWITCH: SETTINGS[setting]})
     child = [sys.executable, "-m", "bench.heap_shapes", "--child", *_flags(shapes)]
@@ -137,6 +140,7 @@ def measure(shapes: Shapes, setting: str) -> dict[str, object]:
 
 
 def _flags(shapes: Shapes) -> list[str]:
+    """The command-line flags that give a child process ``shapes``."""
     return [
         f"--steps={shapes.steps}",
         f"--max-batch={shapes.max_batch}",
