@@ -74,7 +74,8 @@ def train(shapes: Shapes) -> dict[str, Any]:
     )
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     step_s, faults, resident = [], [], []
-    for batch, seq in shapes.draw():
+    every = max(1, shapes.steps // 10)
+    for step, (batch, seq) in enumerate(shapes.draw(), 1):
         before, start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
         model(torch.randn(batch, seq, shapes.width)).square().mean().backward()
         opt.step()
@@ -82,6 +83,8 @@ def train(shapes: Shapes) -> dict[str, Any]:
         step_s.append(time.perf_counter() - start)
         faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
         resident.append(_resident_mib())
+        if step % every == 0:  # progress, on the parent's terminal
+            print(f"  step {step}/{shapes.steps}: {resident[-1]:,.0f} MB resident", file=sys.stderr)
     return {
         "keeps_large_blocks": keeps_large_blocks(os.environ),
         "step_s": step_s,
@@ -126,9 +129,10 @@ def measure(shapes: Shapes, setting: str) -> dict[str, Any]:
     """One run of ``shapes`` in a fresh process under ``setting`` (a key of ``SETTINGS``)."""
     env = worker_env(**{KEEP_LARGE_BLOCKS_SWITCH: SETTINGS[setting]})
     child = [sys.executable, "-m", "bench.heap_shapes", "--child", *_flags(shapes)]
-    out = subprocess.run(child, env=env, capture_output=True, text=True, check=False)
+    # The child's progress and errors go straight to this process's stderr.
+    out = subprocess.run(child, env=env, stdout=subprocess.PIPE, text=True, check=False)
     if out.returncode != 0:
-        raise SystemExit(f"heap_shapes: the {setting} run failed: {out.stderr.strip()[-2000:]}")
+        raise SystemExit(f"heap_shapes: the {setting} run failed (exit {out.returncode}; above)")
     run = json.loads(out.stdout)
     if run["keeps_large_blocks"] != (setting == "kept"):
         # A GLIBC_TUNABLES of the caller's own can keep glibc's per-thread cache on.
