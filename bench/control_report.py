@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.control_plane import percentile
+from bench.procs import resident_mib
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -16,12 +17,7 @@ def usage(pid: int) -> tuple[float, float]:
     """CPU seconds and RSS (MiB) of process ``pid`` so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     cpu = (int(fields[11]) + int(fields[12])) / TICK
-    rss = next(
-        int(line.split()[1])
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines()
-        if line.startswith("VmRSS:")
-    )
-    return cpu, rss / 1024
+    return cpu, resident_mib(pid)
 
 
 def summary(values: list[float]) -> dict[str, float] | None:

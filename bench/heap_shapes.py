@@ -29,11 +29,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from bench.procs import worker_env
+from bench.procs import resident_mib, worker_env
 from torchrelay.heap import KEEP_LARGE_BLOCKS_SWITCH
 
 SETTINGS = {"kept": "1", "returned": "0"}
-MIB = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -53,15 +52,9 @@ class Shapes:
         return [(rng.choice(batches), rng.randint(16, self.max_seq)) for _ in range(self.steps)]
 
 
-def _resident_mib() -> float:
-    """This process's resident size now, in MiB."""
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / MIB
-
-
 def train(shapes: Shapes) -> dict[str, Any]:
     """Train on ``shapes`` in this process; the figures :func:`summary` reads."""
-    import torch
+    import torch  # here, in the child: the parent that starts the runs needs no torch
 
     from torchrelay.heap import keeps_large_blocks
     from torchrelay.runtime.allocator import keep_freed_memory
@@ -82,7 +75,7 @@ def train(shapes: Shapes) -> dict[str, Any]:
         opt.zero_grad(set_to_none=True)
         step_s.append(time.perf_counter() - start)
         faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-        resident.append(_resident_mib())
+        resident.append(resident_mib(os.getpid()))
         if step % every == 0:  # progress, on the parent's terminal
             print(f"  step {step}/{shapes.steps}: {resident[-1]:,.0f} MB resident", file=sys.stderr)
     return {

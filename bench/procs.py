@@ -72,6 +72,15 @@ def worker_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def resident_mib(pid: int) -> float:
+    """Process ``pid``'s resident size now (``VmRSS``), in MiB; NaN for a process that has
+    none (a zombie)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
 def _descendants(root: int) -> list[int]:
     """Pids of every live descendant of ``root`` (from /proc; empty where there is none)."""
     children: dict[int, list[int]] = {}

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from bench.checkpoint import BYTES_PER_PARAM
+from bench.procs import resident_mib
 from tests.snapshots import TOKEN, output, start_worker
 from torchrelay.transparent import cloner, criu
 from torchrelay.transparent.park import Instruction, Kind
@@ -33,17 +34,10 @@ def hidden_for(megabytes: float) -> int:
     return int((megabytes * 1e6 / BYTES_PER_PARAM) ** 0.5)
 
 
-def _rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def one(move: str, hidden: int, work: Path, reference: list[str]) -> dict[str, float]:
     worker = start_worker("park_mlp.py", str(STEPS), str(PARK_AT), str(hidden))
     parked = worker.park()
-    rss = _rss_mb(parked.pid)
+    rss = resident_mib(parked.pid)
     copy = getattr(cloner, move)(parked, work)
     copy.channel.instruct(copy.notice, Instruction(Kind.BECOME, 1, slot=1), TOKEN)
     if move == "clone":
