@@ -24,9 +24,8 @@ from tests.test_transparent_multiprocess import (  # noqa: F401 (torchrun: a fix
     HELD,
     PER_EPOCH,
     PLAIN,
+    drain_when_held,
     job_processes,
-    operator,
-    release,
     torchrun,
 )
 
@@ -52,7 +51,7 @@ def test_a_rank_of_the_controllers_node_is_cloned_from_another_node_and_drained_
 ) -> None:
     require_criu()
     script = (*PLAIN, "--epochs", str(EPOCHS))
-    drained = tmp_path / "drained"  # the job holds at epoch HELD until the drain is asked
+    drained = tmp_path / "drained"  # the job holds at epoch HELD until the drain is told
     held = (*script, f"--hold={HELD}:{drained}")
     endpoint, token = f"127.0.0.1:{free_port_pair()}", secrets.token_hex(16)
     run0, run1 = tmp_path / "node0", tmp_path / "node1"
@@ -70,8 +69,7 @@ def test_a_rank_of_the_controllers_node_is_cloned_from_another_node_and_drained_
                 )
             )
         await_event(run0, "recovery_done", timeout=240)
-        operator("drain", "--run-dir", str(run0), "--rank", "1")
-        release(drained)
+        drain_when_held(run0, 1, drained)
         returncodes = [node.wait(timeout=300) for node in nodes]
     finally:
         for node in nodes:

@@ -10,6 +10,7 @@ communicator is rebuilt, and the script's own loop runs the same batch again.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -36,7 +37,7 @@ PLAIN = ("plain_trainer.py",)
 PER_EPOCH = 12
 # Long enough (2400 steps) for a drain's boundary (about 0.75 s of steps past the last report,
 # see control/handover.py) to fall inside the job after a hold (plain_trainer.py --hold) at
-# epoch HELD: the operators' commands wait for no step count, the job waits for them.
+# epoch HELD: the job waits there for the drain (see drain_when_held).
 EPOCHS = 200
 HELD = 100
 
@@ -171,6 +172,28 @@ def operator(*args: str) -> None:
     assert done.returncode == 0, done.stderr
 
 
+def drain_when_held(run_dir: Path, rank: int, hold: Path) -> None:
+    """Drain ``rank`` of a job that waits at epoch :data:`HELD` until ``hold`` exists, then
+    let it go on. The drain is asked once the controller knows the ranks reached the hold, and
+    the job goes on once they have been told the boundary (``handover_start``): the boundary
+    then lies ahead of every rank, and the handover takes its timely path (nothing redone)
+    whatever the machine's load. Asked while the ranks run, a report that lags them by more
+    than the boundary's margin makes a late handover, which redoes one step."""
+    deadline = time.monotonic() + 240
+    while steps_committed(run_dir) < HELD * PER_EPOCH:
+        assert time.monotonic() < deadline, f"{run_dir}: the job never reached epoch {HELD}"
+        time.sleep(0.1)
+    operator("drain", "--run-dir", str(run_dir), "--rank", str(rank))
+    await_event(run_dir, "handover_start", timeout=60)
+    release(hold)
+
+
+def steps_committed(run_dir: Path) -> int:
+    """The job's committed steps as its controller knows them (0 before it answers)."""
+    done = cli("status", str(run_dir), "--json")
+    return json.loads(done.stdout)["steps_committed"] if done.returncode == 0 else 0
+
+
 def run_operated(
     tmp_path: Path, command: list[str], run_dir: Path, operate: Callable[[], None]
 ) -> JobResult:
@@ -198,8 +221,7 @@ def test_a_killed_worker_is_cloned_and_a_drained_one_migrated(tmp_path, torchrun
 
     def operate() -> None:
         await_event(run_dir, "recovery_done", timeout=240)
-        operator("drain", "--run-dir", str(run_dir), "--rank", "0")
-        release(drained)
+        drain_when_held(run_dir, 0, drained)
 
     command = killed_job(run_dir, script, step, {HELD: drained})
     result = run_operated(tmp_path, command, run_dir, operate)
@@ -269,8 +291,7 @@ def test_a_copy_is_the_donor_of_a_second_failure_and_moves_when_drained(tmp_path
         operator("chaos", "--run-dir", str(run_dir), "kill", "--rank", "0")
         release(killed)
         await_count(run_dir, "recovery_done", 2, timeout=240)
-        operator("drain", "--run-dir", str(run_dir), "--rank", "0")
-        release(drained)
+        drain_when_held(run_dir, 0, drained)
 
     command = killed_job(run_dir, script, PER_EPOCH + 5, {2: killed, HELD: drained})
     result = run_operated(tmp_path, command, run_dir, operate)
