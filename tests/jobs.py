@@ -64,12 +64,13 @@ def job_command(
     launcher_args: tuple[str, ...] = (),
     script_args: tuple[str, ...] = (),
     steps: int = 10,
+    launcher: str | None = None,
 ) -> list[str]:
-    """``torchrelay run`` of a test script, quiet, its final weights to ``RUN_DIR/final.pt``."""
+    """``torchrelay run`` of a test script, quiet, its final weights to ``RUN_DIR/final.pt``;
+    ``launcher``: a script in tests/scripts that stands in for ``torchrelay``."""
     return [
         sys.executable,
-        "-m",
-        "torchrelay.cli.main",
+        *([str(SCRIPTS / launcher)] if launcher else ["-m", "torchrelay.cli.main"]),
         "run",
         "--nproc-per-node",
         str(nproc),
@@ -165,16 +166,21 @@ def ledger_events(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def await_event(run_dir: Path, name: str, timeout: float = 120) -> dict[str, Any]:
-    """The first ``name`` event of the ledger, once written (polled; the timeout is a safety
-    net, never the pace)."""
+    """The first ``name`` event of the ledger, once written (see :func:`await_events`)."""
+    return await_events(run_dir, name, 1, timeout)[0]
+
+
+def await_events(
+    run_dir: Path, name: str, count: int, timeout: float = 120
+) -> list[dict[str, Any]]:
+    """The first ``count`` ``name`` events of the ledger, once written (polled; the timeout is
+    a safety net, never the pace)."""
     deadline = time.monotonic() + timeout
-    while True:
-        found = [e for e in ledger_events(run_dir) if e["event"] == name]
-        if found:
-            return found[0]
+    while len(found := [e for e in ledger_events(run_dir) if e["event"] == name]) < count:
         if time.monotonic() > deadline:
-            raise AssertionError(f"{run_dir} never recorded {name!r}")
+            raise AssertionError(f"{run_dir} never recorded {count} {name!r}")
         time.sleep(0.05)
+    return found[:count]
 
 
 def printed_lines(log_dir: Path, processes: list[str], timeout: float = 60) -> dict[str, str]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import pytest
 import torch
@@ -21,6 +20,7 @@ import torch
 from tests.jobs import (
     JobResult,
     await_event,
+    await_events,
     await_status,
     cli,
     ledger_events,
@@ -41,14 +41,6 @@ RTOL, ATOL = 1e-5, 1e-6
 
 def _events(run_dir, name: str) -> list[dict]:
     return [e for e in ledger_events(run_dir) if e["event"] == name]
-
-
-def _await_count(run_dir, name: str, count: int, timeout: float = 120) -> None:
-    """Until the ledger holds ``count`` ``name`` events (polled; the timeout a safety net)."""
-    deadline = time.monotonic() + timeout
-    while len(_events(run_dir, name)) < count:
-        assert time.monotonic() < deadline, f"{run_dir} never recorded {count} {name!r}"
-        time.sleep(0.05)
 
 
 def test_a_killed_rank_is_hosted_then_regrows_and_an_operator_shrinks_it_again(
@@ -76,13 +68,13 @@ def test_a_killed_rank_is_hosted_then_regrows_and_an_operator_shrinks_it_again(
         await_event(run_dir, "handover_start")
         move_leash(leash, SHRINK_AT)
         await_event(run_dir, "job_grown")
-        _await_count(run_dir, "handover_done", 1)
+        await_events(run_dir, "handover_done", 1)
         await_status(run_dir, lambda s: s["steps_committed"] >= SHRINK_AT - 1)
 
         # Rank 0 released: its host saves the final weights as rank 0 after the loop.
         shrink = cli("shrink", "--run-dir", str(run_dir), "--rank", "0")
         assert shrink.returncode == 0 and "releasing rank 0" in shrink.stdout, shrink.stderr
-        _await_count(run_dir, "handover_start", 2)  # the release's boundary is set
+        await_events(run_dir, "handover_start", 2)  # the release's boundary is set
         move_leash(leash, STEPS)
         output, _ = proc.communicate(timeout=300)
     finally:

@@ -89,6 +89,46 @@ def test_a_rank_told_too_late_is_aborted_and_its_step_in_flight_counted(tmp_path
     assert done["recomputed_steps"] == 1
 
 
+def test_a_rank_that_says_it_was_told_too_late_is_aborted_at_once(tmp_path):
+    driver = started(tmp_path)
+    drain(driver, [1])
+    driver.report("worker0", "told_late", step=27)  # committed 27, then heard: inside 28
+    assert driver.advance() is not None and driver.sent("worker0")[-1]["type"] == "handover"
+    (late,) = driver.events("handover_late")
+    assert (late["process"], late["slot"], late["step"]) == ("worker0", 0, 27)
+    driver.report("worker1", "halted", committed=27)  # its peer halted: 28 never completes
+    driver.advance()  # no hang timeout passed
+    assert driver.sent("worker0")[-1] == {"type": "abort", "generation": 0}
+    assert driver.sent("worker1")[-1]["type"] == "handover"  # the halted rank is left be
+    driver.report("worker0", "halted", committed=27, in_flight=28)
+    driver.advance()
+    (planned,) = driver.events("recovery_planned")
+    assert planned["target_step"] == 27
+
+
+def test_ranks_all_told_too_late_halt_together_at_their_next_step(tmp_path):
+    driver = started(tmp_path)
+    drain(driver, [1])
+    for process in ("worker0", "worker1"):
+        driver.report(process, "told_late", step=27)
+    driver.report("worker1", "halted", committed=28)  # they committed 28 together
+    driver.advance()
+    assert driver.sent("worker0")[-1]["type"] == "handover"  # not stuck: no abort
+    driver.report("worker0", "halted", committed=28)
+    driver.advance()
+    (planned,) = driver.events("recovery_planned")
+    assert planned["target_step"] == 28
+
+
+def test_a_claim_of_lateness_before_the_boundary_changes_nothing(tmp_path):
+    driver = started(tmp_path)
+    drain(driver, [1])
+    driver.report("worker0", "told_late", step=20)  # the boundary is 27: it is not late
+    driver.report("worker1", "halted", committed=27)
+    driver.advance()
+    assert driver.sent("worker0")[-1]["type"] == "handover" and not driver.events("handover_late")
+
+
 def test_a_failure_during_the_handover_goes_first_and_the_handover_is_asked_again(tmp_path):
     driver = started(tmp_path)
     drain(driver, [1])

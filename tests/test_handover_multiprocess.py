@@ -22,6 +22,7 @@ from tests.jobs import (
     JobResult,
     assert_bitwise_equal,
     await_event,
+    await_events,
     await_status,
     cli,
     free_port_pair,
@@ -48,9 +49,10 @@ def reference3(tmp_path_factory) -> JobResult:
 
 
 def _held_job(
-    tmp_path: Path, launcher_args: tuple[str, ...] = ()
+    tmp_path: Path, launcher_args: tuple[str, ...] = (), launcher: str | None = None
 ) -> tuple[subprocess.Popen[str], Path, Path]:
-    """A 3-rank job with a spare, every rank held at HOLD_STEP."""
+    """A 3-rank job with a spare, every rank held at HOLD_STEP (``launcher``: see
+    :func:`tests.jobs.job_command`)."""
     run_dir, leash = tmp_path / "run", tmp_path / "leash"
     move_leash(leash, HOLD_STEP)
     proc = start_job(
@@ -60,6 +62,7 @@ def _held_job(
         steps=STEPS,
         launcher_args=launcher_args,
         script_args=("--leash", str(leash), *PACE),
+        launcher=launcher,
     )
     held = lambda s: s["steps_committed"] >= HOLD_STEP and len(s["spares"]) == 1  # noqa: E731
     await_status(run_dir, held)
@@ -115,6 +118,25 @@ def test_an_operator_drains_a_rank(tmp_path, reference3):
     job = _finish(proc, run_dir, leash)
     done = _check_handover(job, reference3, [2])
     assert done["retired"] == ["worker2"] and "drain" in done["reason"]
+
+
+def test_ranks_told_their_boundary_too_late_say_so_and_halt_together_after_the_next_step(
+    tmp_path, reference3
+):
+    """The boundary set at the last reported step (lagging_launcher.py) while every rank waits
+    inside the next: each hears it after looking past it and says so; none is aborted, and all
+    halt after that step, which nobody redoes."""
+    proc, run_dir, leash = _held_job(tmp_path, launcher="lagging_launcher.py")
+    drained = cli("drain", "--run-dir", str(run_dir), "--rank", "2")
+    assert drained.returncode == 0, drained.stderr
+    boundary = await_event(run_dir, "handover_start")["boundary"]
+    assert boundary == HOLD_STEP - 1  # what the ranks reported: they are inside the next step
+    late = await_events(run_dir, "handover_late", 3)  # every rank said so before going on
+    assert sorted(e["slot"] for e in late) == [0, 1, 2] and {e["step"] for e in late} == {boundary}
+    job = _finish(proc, run_dir, leash)
+    done = _check_handover(job, reference3, [2])
+    assert done["target_step"] == HOLD_STEP  # they halted after the step they were in
+    assert not [e for e in job.ledger() if e["event"] == "hang_detected"]
 
 
 def test_draining_a_whole_node_moves_its_slots_to_the_other_node(tmp_path):

@@ -25,6 +25,7 @@ from tests.jobs import (
     JobResult,
     assert_bitwise_equal,
     await_event,
+    await_events,
     await_status,
     cli,
     ledger_events,
@@ -39,17 +40,6 @@ STEPS, LEND_AT, HOLD = 60, 8, 10
 # steps past the release's boundary, and the regrow's boundary lies well before STEPS.
 PACE = ("--compute-seconds", "0.05")
 RTOL, ATOL = 1e-5, 1e-6  # docs/elastic.md
-
-
-def _count(run_dir, name: str) -> int:
-    return sum(1 for e in ledger_events(run_dir) if e["event"] == name)
-
-
-def _await_count(run_dir, name: str, count: int, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while _count(run_dir, name) < count:
-        assert time.monotonic() < deadline, f"{run_dir} never recorded {count} {name!r}"
-        time.sleep(0.05)
 
 
 def _start_pool(tmp_path) -> tuple[subprocess.Popen, str, str]:
@@ -114,7 +104,7 @@ def test_a_high_priority_job_borrows_a_slot_and_the_lender_grows_back(tmp_path):
         assert high.returncode == 0, high_output
 
         await_event(low_dir, "pool_returned")
-        _await_count(low_dir, "handover_start", 2)  # the regrow's boundary is set
+        await_events(low_dir, "handover_start", 2, timeout=180)  # the regrow's boundary is set
         regrow = [e for e in ledger_events(low_dir) if e["event"] == "handover_start"][1]
         assert regrow["boundary"] < STEPS
         status = cli("status", "--pool", address, "--pool-token", token, "--json")

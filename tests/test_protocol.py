@@ -25,6 +25,7 @@ REPORTS = [
     p.Halted(generation=0, committed=3, in_flight=4, last_commit_t=999.0),
     p.Halted(generation=1, committed=-1, valid=False, reason="transfer failed"),
     p.PhaseDone(generation=1, phase="transfer_done", t=1.5, bytes=4096, seconds=0.25),
+    p.ToldLate(generation=0, step=27),
     p.Done(generation=0, step=9),
     p.ErrorReport(step=None, traceback="Traceback ...\nValueError: bad shape"),
     p.ChaosFired(generation=0, id=2),
@@ -271,6 +272,7 @@ EVENTS = [
         trigger={"node": "node0", "device": 1, "temperature_c": 97.0},
     ),
     ev.HandoverStart(slots=(1,), generation=0, boundary=27),
+    ev.HandoverLate(process="worker0", slot=0, step=27),
     ev.HandoverDone(
         slots=(1,),
         generation=1,

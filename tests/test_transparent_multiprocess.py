@@ -10,10 +10,8 @@ communicator is rebuilt, and the script's own loop runs the same batch again.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,8 +25,9 @@ from tests.jobs import (
     JobResult,
     assert_bitwise_equal,
     await_event,
+    await_events,
+    await_status,
     cli,
-    ledger_events,
 )
 from tests.snapshots import require_criu
 
@@ -179,19 +178,10 @@ def drain_when_held(run_dir: Path, rank: int, hold: Path) -> None:
     then lies ahead of every rank, and the handover takes its timely path (nothing redone)
     whatever the machine's load. Asked while the ranks run, a report that lags them by more
     than the boundary's margin makes a late handover, which redoes one step."""
-    deadline = time.monotonic() + 240
-    while steps_committed(run_dir) < HELD * PER_EPOCH:
-        assert time.monotonic() < deadline, f"{run_dir}: the job never reached epoch {HELD}"
-        time.sleep(0.1)
+    await_status(run_dir, lambda status: status["steps_committed"] >= HELD * PER_EPOCH, 240)
     operator("drain", "--run-dir", str(run_dir), "--rank", str(rank))
     await_event(run_dir, "handover_start", timeout=60)
     release(hold)
-
-
-def steps_committed(run_dir: Path) -> int:
-    """The job's committed steps as its controller knows them (0 before it answers)."""
-    done = cli("status", str(run_dir), "--json")
-    return json.loads(done.stdout)["steps_committed"] if done.returncode == 0 else 0
 
 
 def run_operated(
@@ -267,16 +257,6 @@ def test_a_clone_goes_on_with_the_dead_ranks_own_random_streams(tmp_path, torchr
     assert job_processes(job.run_dir) == []
 
 
-def await_count(run_dir: Path, name: str, count: int, timeout: float) -> list[dict]:
-    """The first ``count`` ``name`` events of the ledger, once written (polled; the timeout is
-    a safety net, never the pace)."""
-    deadline = time.monotonic() + timeout
-    while len(found := [e for e in ledger_events(run_dir) if e["event"] == name]) < count:
-        assert time.monotonic() < deadline, f"{run_dir} never recorded {count} {name!r}"
-        time.sleep(0.05)
-    return found[:count]
-
-
 def test_a_copy_is_the_donor_of_a_second_failure_and_moves_when_drained(tmp_path, torchrun):
     """Two failures in one 2-rank job: rank 1 SIGKILLed is rebuilt from a clone of rank 0; then
     rank 0 is SIGKILLed, and the only donor left is that copy, cloned in turn; then rank 0,
@@ -287,10 +267,10 @@ def test_a_copy_is_the_donor_of_a_second_failure_and_moves_when_drained(tmp_path
     killed, drained = tmp_path / "killed", tmp_path / "drained"
 
     def operate() -> None:
-        await_count(run_dir, "recovery_done", 1, timeout=240)
+        await_events(run_dir, "recovery_done", 1, timeout=240)
         operator("chaos", "--run-dir", str(run_dir), "kill", "--rank", "0")
         release(killed)
-        await_count(run_dir, "recovery_done", 2, timeout=240)
+        await_events(run_dir, "recovery_done", 2, timeout=240)
         drain_when_held(run_dir, 0, drained)
 
     command = killed_job(run_dir, script, PER_EPOCH + 5, {2: killed, HELD: drained})

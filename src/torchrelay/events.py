@@ -25,6 +25,7 @@ from torchrelay.events_moves import (
     ControllerTakeover,
     HandoverAbandoned,
     HandoverDone,
+    HandoverLate,
     HandoverRequested,
     HandoverStart,
 )
@@ -310,6 +311,7 @@ EVENTS = registry(
     NodeLost,
     HandoverRequested,
     HandoverStart,
+    HandoverLate,
     HandoverDone,
     HandoverAbandoned,
     ControllerTakeover,

@@ -34,6 +34,18 @@ class HandoverStart(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class HandoverLate(Event):
+    """``process`` (in ``slot``) was told the boundary only after committing ``step`` (>= the
+    boundary) and going on into the next step. If a peer halted before that step, the step is
+    aborted at once and redone; told late, every rank halts after it."""
+
+    TAG: ClassVar[str] = "handover_late"
+    process: str
+    slot: int | None
+    step: int
+
+
+@dataclass(frozen=True, kw_only=True)
 class HandoverDone(Event):
     """The slots run on their new processes (``replaced``: slot -> process); ``retired``: the
     processes that left. ``lead_seconds``: from the first warning to the handover's end;

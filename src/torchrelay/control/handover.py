@@ -13,9 +13,10 @@ as a :class:`Round` whose ``handover`` is set:
    committing B (``handover_start``). No spare in sight: the request is abandoned
    (``handover_abandoned``), nothing stops.
 3. ``HALT``: every rank halted. A rank told too late is in the next step's collective, which
-   its halted peers never join: past the hang timeout the generation is aborted, the step it
-   had in flight is dropped and the plan starts from B all the same. A failure meanwhile
-   supersedes the handover: the crash path cures it, and the request is taken up again after.
+   its halted peers never join: once it says so (``told_late``, see :func:`told_late`) or
+   the hang timeout passes, the generation is aborted, the step it had in flight is dropped
+   and the plan starts from B all the same. A failure meanwhile supersedes the handover: the
+   crash path cures it, and the request is taken up again after.
    Ranks whose training ends before B (they report done; a ``--transparent`` job's length is
    its script's) abandon it (``handover_abandoned``), and the job ends as it would have.
 4. The plan (:func:`~torchrelay.control.plan_publish.publish_plan`): spares take the slots,
@@ -198,7 +199,7 @@ def _await_boundary(
         current.halted = current.halted or now
         actions += _plan(job, config, current, now, survivors)
         return None
-    if now < current.deadline:
+    if now < current.deadline and not _stuck_past_boundary(current, survivors):
         return current.deadline
     if not current.handover["aborted"]:
         # Someone heard of the boundary too late and waits in the next step's collective.
@@ -212,6 +213,34 @@ def _await_boundary(
         f"boundary (step {current.handover['boundary']}) nor when aborted",
     )
     return None
+
+
+def told_late(job: JobState, member: Member, step: int) -> list[Action]:
+    """``member`` heard of the boundary only after committing ``step`` (>= it) and going on
+    into the next step (``handover_late``); :func:`_await_boundary` aborts it once a peer has
+    halted before that step. Outside a handover (it ended meanwhile), or at a step before the
+    boundary, this changes nothing."""
+    current = job.recovery.current
+    handing = current.handover if current is not None else None
+    if handing is None or step < handing["boundary"]:
+        return []
+    handing.setdefault("told_late", {})[member.process] = step
+    return [Record(events.HandoverLate(process=member.process, slot=member.slot, step=step))]
+
+
+def _stuck_past_boundary(current: Round, survivors: list[Member]) -> bool:
+    """Whether a rank told too late waits in a step that a halted peer never joins: its
+    abort need not wait for the hang timeout. Ranks that were all told late are not stuck:
+    they commit that step together and halt after it."""
+    assert current.handover is not None
+    late: dict[str, int] = current.handover.get("told_late", {})
+    halted = [m.committed for m in survivors if m.state is MemberState.HALTED]
+    if current.handover["aborted"] or not halted:
+        return False
+    return any(
+        m.state is not MemberState.HALTED and m.process in late and min(halted) <= late[m.process]
+        for m in survivors
+    )
 
 
 def _abandon_at_the_end(job: JobState, current: Round, last: int, actions: list[Action]) -> None:

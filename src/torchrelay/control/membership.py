@@ -13,7 +13,7 @@ from typing import Any
 
 from torchrelay import events
 from torchrelay.config import JobConfig
-from torchrelay.control import drills
+from torchrelay.control import drills, handover
 from torchrelay.control.actions import Action, Record, Refused, Send, StartRecovery
 from torchrelay.control.claims import claimed_step, judge_claim, judge_max_steps
 from torchrelay.control.endings import FINISH, finish_if_all_done
@@ -29,6 +29,7 @@ from torchrelay.control.protocol import (
     Progress,
     Ready,
     Report,
+    ToldLate,
     WarningReport,
 )
 from torchrelay.control.spares import spare_accounted
@@ -231,6 +232,10 @@ def _on_phase(job: JobState, member: Member, message: PhaseDone, now: float) -> 
     return []
 
 
+def _on_told_late(job: JobState, member: Member, message: ToldLate, now: float) -> list[Action]:
+    return handover.told_late(job, member, message.step)
+
+
 def _on_done(job: JobState, member: Member, message: Done, now: float) -> list[Action]:
     if member.state is MemberState.FENCING:
         # Judged hung, it is being killed: its kill is on the way (the stack dump before it
@@ -281,6 +286,7 @@ HANDLERS: dict[type[Report], Handler] = {
     Ready: _on_ready,
     Halted: _on_halted,
     PhaseDone: _on_phase,
+    ToldLate: _on_told_late,
     Done: _on_done,
     ErrorReport: _on_error,
     ChaosFired: _on_chaos_fired,

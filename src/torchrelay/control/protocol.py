@@ -159,6 +159,16 @@ class PhaseDone(Report):
 
 
 @dataclass(frozen=True, kw_only=True)
+class ToldLate(Report):
+    """The worker heard of a handover's boundary only after committing ``step`` (>= the
+    boundary) and looking past it: it is inside the next step (see
+    :mod:`torchrelay.runtime.handover_boundary`)."""
+
+    TAG: ClassVar[str] = "told_late"
+    step: int = step()
+
+
+@dataclass(frozen=True, kw_only=True)
 class Done(Report):
     TAG: ClassVar[str] = "done"
     step: int = step()
@@ -267,7 +277,16 @@ class Finish(Message):
 
 
 REPORTS = registry(
-    MaxSteps, Progress, Ready, Halted, PhaseDone, Done, ErrorReport, ChaosFired, WarningReport
+    MaxSteps,
+    Progress,
+    Ready,
+    Halted,
+    PhaseDone,
+    ToldLate,
+    Done,
+    ErrorReport,
+    ChaosFired,
+    WarningReport,
 )
 MESSAGES = registry(Abort, Plan, Handover, Retire, Park, Finish)
 

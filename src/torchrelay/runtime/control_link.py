@@ -29,12 +29,14 @@ from torchrelay.control.protocol import (
     Progress,
     ProtocolError,
     Report,
+    ToldLate,
     WarningReport,
 )
 from torchrelay.exits import EXIT_CONTROLLER_LOST, EXIT_FENCED, leave
 from torchrelay.runtime.default_group import REINIT_ADVICE, is_reinit_error
 from torchrelay.runtime.facade import StableProcessGroup
 from torchrelay.runtime.guard import StepGuard
+from torchrelay.runtime.handover_boundary import HandoverBoundary
 from torchrelay.runtime.posting import Poster
 from torchrelay.runtime.timing import StepTimer
 
@@ -59,7 +61,7 @@ class ControlLink:
     _last_commit_t: float | None
     _waiting: Report | None
     _waiting_lock: threading.RLock
-    _handover_at: tuple[int, int] | None
+    _handover: HandoverBoundary
     _unparked: threading.Event  # cleared while transparent mode's park closed the connection
     _watch_paused: threading.Event
     _beating: threading.Lock
@@ -107,8 +109,12 @@ class ControlLink:
                         self.guard.abort(message.generation)
                         self.process_group.abort(message.generation)
                     if isinstance(message, Handover):
-                        self._handover_at = (message.generation, message.step)
-                        continue  # read by the training thread at its next step boundary
+                        # Read by the training thread at its next step boundary; told too
+                        # late, this rank says so (a halted peer never joins its step).
+                        late = self._handover.tell(message.generation, message.step)
+                        if late is not None:
+                            self._post(ToldLate(step=late))
+                        continue
                     self._inbox.put(message)
                 return
             except ControlError as exc:

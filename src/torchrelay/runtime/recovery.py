@@ -42,6 +42,7 @@ from torchrelay.progress import ByteProgress
 from torchrelay.runtime.env import RelayEnv
 from torchrelay.runtime.generations import GenerationEntry
 from torchrelay.runtime.guard import GenerationAborted
+from torchrelay.runtime.handover_boundary import HandoverBoundary
 from torchrelay.runtime.replicas import AgreementCheck, LocalMirror
 from torchrelay.runtime.tracked import TrackedState
 from torchrelay.runtime.warmup import signature_of, warm_ddp, warm_model, warm_optimizer
@@ -63,7 +64,7 @@ class Recovery(GenerationEntry):
     _store_address: str
     _waiting: Report | None
     _waiting_lock: threading.RLock
-    _handover_at: tuple[int, int] | None
+    _handover: HandoverBoundary
     _chaos: list[ChaosEvent]
     _first_after_recovery: bool
     _state_valid: bool
@@ -148,13 +149,9 @@ class Recovery(GenerationEntry):
         return True
 
     def _handover_due(self) -> bool:
-        """Whether this rank stops here for a planned handover: its generation's boundary
-        step is committed (or, told late, passed: the controller then aborts the step)."""
-        due = self._handover_at
-        if due is None or due[0] != self.generation or self.committed < due[1]:
-            return False
-        self._handover_at = None
-        return True
+        """Whether this rank stops here for a planned handover (see
+        :mod:`torchrelay.runtime.handover_boundary`)."""
+        return self._handover.due(self.generation, self.committed)
 
     def _recover(self, in_flight: int | None) -> None:
         self._hash_while_halted()

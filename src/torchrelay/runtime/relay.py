@@ -51,6 +51,7 @@ from torchrelay.runtime.devices import select_device
 from torchrelay.runtime.env import RelayEnv, host_pid
 from torchrelay.runtime.fast_lane import stable_group
 from torchrelay.runtime.guard import StepGuard, guard_optimizer
+from torchrelay.runtime.handover_boundary import HandoverBoundary
 from torchrelay.runtime.parking import Parking
 from torchrelay.runtime.posting import Poster
 from torchrelay.runtime.recovery import Recovery
@@ -91,7 +92,7 @@ class Relay(ControlLink, Recovery, ChaosInjection, Parking):
         )
         self._waiting: Report | None = None  # what this process waits on a plan with
         self._waiting_lock = threading.RLock()
-        self._handover_at: tuple[int, int] | None = None  # (generation, boundary step)
+        self._handover = HandoverBoundary()
         self._set_chaos([ChaosEvent.from_dict(e) for e in joined.chaos])
         self._inbox: queue.Queue[Message] = queue.Queue()
         self._closing = threading.Event()
