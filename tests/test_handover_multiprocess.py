@@ -137,6 +137,9 @@ def test_ranks_told_their_boundary_too_late_say_so_and_halt_together_after_the_n
     done = _check_handover(job, reference3, [2])
     assert done["target_step"] == HOLD_STEP  # they halted after the step they were in
     assert not [e for e in job.ledger() if e["event"] == "hang_detected"]
+    assert job.summary()["handovers"][0]["told_late"] == [0, 1, 2]
+    report = cli("report", str(run_dir))
+    assert "recomputed 0, lost 0 (told the boundary late: rank(s) 0, 1, 2)" in report.stdout
 
 
 def test_draining_a_whole_node_moves_its_slots_to_the_other_node(tmp_path):

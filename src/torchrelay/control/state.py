@@ -193,7 +193,7 @@ class Round:
     phases: dict[str, dict[int, dict[str, Any]]] = field(default_factory=dict)
     in_flight: set[int] = field(default_factory=set)
     # A planned handover instead of a recovery: {"boundary": step, "aborted": bool,
-    # "requests": {slot (str): request}} (see control.handover).
+    # "requests": {slot (str): request}, "told_late": {process: step}} (see control.handover).
     handover: dict[str, Any] | None = None
     # No spare can come and the job is --elastic: survivors host the failed slots
     # (see control.elastic) instead of the job stopping.

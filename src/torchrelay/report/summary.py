@@ -17,6 +17,8 @@ from torchrelay.events import (
     FallbackRestart,
     FencedRefused,
     HandoverDone,
+    HandoverLate,
+    HandoverStart,
     HangDetected,
     JobEnd,
     JobGrown,
@@ -39,6 +41,32 @@ PHASES = (
     "transfer_done",
     "first_step",
 )
+
+
+def _handovers(events: list[Event]) -> list[dict[str, Any]]:
+    """Each handover's outcome, with the ranks told its boundary too late (why one that is
+    not a failure's redid a step)."""
+    handovers: list[dict[str, Any]] = []
+    late: list[int] = []
+    for e in events:
+        if isinstance(e, HandoverStart):
+            late = []
+        elif isinstance(e, HandoverLate) and e.slot is not None:
+            late.append(e.slot)
+        elif isinstance(e, HandoverDone):
+            handovers.append(
+                {
+                    "slots": list(e.slots),
+                    "reason": e.reason,
+                    "resumed_at_step": e.target_step + 1,
+                    "stall_seconds": e.stall_seconds,
+                    "lead_seconds": e.lead_seconds,
+                    "recomputed_steps": e.recomputed_steps,
+                    "lost_steps": e.lost_steps,
+                    "told_late": sorted(late),
+                }
+            )
+    return handovers
 
 
 def summarize(run_dir: Path) -> dict[str, Any]:
@@ -85,19 +113,7 @@ def summarize(run_dir: Path) -> dict[str, Any]:
             for e in events
             if isinstance(e, Straggler)
         ],
-        "handovers": [
-            {
-                "slots": list(e.slots),
-                "reason": e.reason,
-                "resumed_at_step": e.target_step + 1,
-                "stall_seconds": e.stall_seconds,
-                "lead_seconds": e.lead_seconds,
-                "recomputed_steps": e.recomputed_steps,
-                "lost_steps": e.lost_steps,
-            }
-            for e in events
-            if isinstance(e, HandoverDone)
-        ],
+        "handovers": _handovers(events),
         # --elastic: each time ranks were hosted or regrew (docs/elastic.md)
         "resizes": [
             {
@@ -229,10 +245,12 @@ def render_text(summary: dict[str, Any]) -> str:
         )
     for h in summary["handovers"]:
         ranks = ", ".join(map(str, h["slots"]))
+        late = ", ".join(map(str, h["told_late"]))
         lines.append(
             f"  - handover of rank(s) {ranks} ({h['reason']}): resumed at step "
             f"{h['resumed_at_step']}, stall {h['stall_seconds']:.2f} s, lead "
             f"{h['lead_seconds']:.1f} s, recomputed {h['recomputed_steps']}, lost {h['lost_steps']}"
+            + (f" (told the boundary late: rank(s) {late})" if late else "")
         )
     for r in summary.get("resizes", []):
         ranks = ", ".join(map(str, r["slots"]))
