@@ -109,11 +109,8 @@ class ControlLink:
                         self.guard.abort(message.generation)
                         self.process_group.abort(message.generation)
                     if isinstance(message, Handover):
-                        # Read by the training thread at its next step boundary; told too
-                        # late, this rank says so (a halted peer never joins its step).
-                        late = self._handover.tell(message.generation, message.step)
-                        if late is not None:
-                            self._post(ToldLate(step=late))
+                        # Read by the training thread at its next step boundary.
+                        self._handover.tell(message.generation, message.step, self._told_late)
                         continue
                     self._inbox.put(message)
                 return
@@ -127,6 +124,12 @@ class ControlLink:
                 return
             except ProtocolError as exc:  # a controller of another version: nothing to follow
                 leave(EXIT_CONTROLLER_LOST, f"cannot read the controller's message: {exc}")
+
+    def _told_late(self, committed: int) -> None:
+        """Told a handover's boundary after committing ``committed`` and passing it: say so
+        (a halted peer never joins this rank's step). Posted, so it goes before any report of
+        this rank's halt, which is sent after the reports posted before it."""
+        self._post(ToldLate(step=committed))
 
     def _heartbeat(self) -> None:
         """Sign of life and progress, off the training thread (never on the critical path).

@@ -15,6 +15,7 @@ Thread-safe: :meth:`tell` (watch thread) and :meth:`due` (training thread) share
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 
 class HandoverBoundary:
@@ -25,15 +26,16 @@ class HandoverBoundary:
         self._told: tuple[int, int] | None = None  # (generation, boundary step)
         self._looked: tuple[int, int] | None = None  # (generation, committed step)
 
-    def tell(self, generation: int, step: int) -> int | None:
-        """(Watch thread) The controller's boundary. Returns the step this rank committed and
-        looked past if it was told too late (it is inside the next step), else ``None``."""
+    def tell(self, generation: int, step: int, say_late: Callable[[int], None]) -> None:
+        """(Watch thread) The controller's boundary. Told too late (this rank committed and
+        looked past it: it is inside the next step), ``say_late(committed)`` is called under
+        the lock: the training thread cannot halt, and report it, before that is said (it
+        must not block)."""
         with self._lock:
             self._told = (generation, step)
             looked = self._looked
-        if looked is not None and looked[0] == generation and looked[1] >= step:
-            return looked[1]
-        return None
+            if looked is not None and looked[0] == generation and looked[1] >= step:
+                say_late(looked[1])
 
     def due(self, generation: int, committed: int) -> bool:
         """(Training thread, right after committing ``committed``) Whether this rank halts
