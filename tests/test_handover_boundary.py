@@ -87,7 +87,8 @@ class Stream:
 
 
 class Link(ControlLink):
-    """A worker's control link at step ``committed`` of generation 0, around ``stream``."""
+    """A worker's control link in generation 0 whose training thread last looked at
+    ``looked_at``, around ``stream``."""
 
     def __init__(self, stream: Stream, looked_at: int) -> None:
         self.generation = 0

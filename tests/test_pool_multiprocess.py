@@ -28,7 +28,6 @@ from tests.jobs import (
     await_events,
     await_status,
     cli,
-    ledger_events,
     move_leash,
     run_job,
     start_job,
@@ -104,8 +103,8 @@ def test_a_high_priority_job_borrows_a_slot_and_the_lender_grows_back(tmp_path):
         assert high.returncode == 0, high_output
 
         await_event(low_dir, "pool_returned")
-        await_events(low_dir, "handover_start", 2, timeout=180)  # the regrow's boundary is set
-        regrow = [e for e in ledger_events(low_dir) if e["event"] == "handover_start"][1]
+        # the regrow's boundary is set
+        regrow = await_events(low_dir, "handover_start", 2, timeout=180)[1]
         assert regrow["boundary"] < STEPS
         status = cli("status", "--pool", address, "--pool-token", token, "--json")
         assert status.returncode == 0, status.stderr
