@@ -49,10 +49,13 @@ def reference3(tmp_path_factory) -> JobResult:
 
 
 def _held_job(
-    tmp_path: Path, launcher_args: tuple[str, ...] = (), launcher: str | None = None
+    tmp_path: Path,
+    launcher_args: tuple[str, ...] = (),
+    launcher: str | None = None,
+    script_args: tuple[str, ...] = (),
 ) -> tuple[subprocess.Popen[str], Path, Path]:
     """A 3-rank job with a spare, every rank held at HOLD_STEP (``launcher``: see
-    :func:`tests.jobs.job_command`)."""
+    :func:`tests.jobs.job_command`; ``script_args``: more of tests/scripts/mlp_train.py's)."""
     run_dir, leash = tmp_path / "run", tmp_path / "leash"
     move_leash(leash, HOLD_STEP)
     proc = start_job(
@@ -61,7 +64,7 @@ def _held_job(
         spares=1,
         steps=STEPS,
         launcher_args=launcher_args,
-        script_args=("--leash", str(leash), *PACE),
+        script_args=("--leash", str(leash), *PACE, *script_args),
         launcher=launcher,
     )
     held = lambda s: s["steps_committed"] >= HOLD_STEP and len(s["spares"]) == 1  # noqa: E731
@@ -140,6 +143,33 @@ def test_ranks_told_their_boundary_too_late_say_so_and_halt_together_after_the_n
     assert job.summary()["handovers"][0]["told_late"] == [0, 1, 2]
     report = cli("report", str(run_dir))
     assert "recomputed 0, lost 0 (told the boundary late: rank(s) 0, 1, 2)" in report.stdout
+
+
+def test_a_rank_told_its_boundary_late_alone_is_aborted_at_once_and_its_step_redone(
+    tmp_path, reference3
+):
+    """Rank 1 hears the boundary only after committing it (``--hears-late``, a message that
+    reached it late), while ranks 0 and 2 halt there: it waits in the next step's collective,
+    which they never join. It says so, and the controller aborts that step at once: the hang
+    timeout here (an hour) would outlast the test. That one step is redone; nothing is lost."""
+    proc, run_dir, leash = _held_job(
+        tmp_path, ("--hang-floor", "3600"), script_args=("--hears-late", "1")
+    )
+    drained = cli("drain", "--run-dir", str(run_dir), "--rank", "2")
+    assert drained.returncode == 0, drained.stderr
+    boundary = await_event(run_dir, "handover_start")["boundary"]
+    assert boundary >= HOLD_STEP  # ahead of every rank: only rank 1 is told late
+    job = _finish(proc, run_dir, leash)
+    assert job.returncode == 0, job.output
+    events = job.ledger()
+    late = [e for e in events if e["event"] == "handover_late"]
+    assert [(e["slot"], e["step"]) for e in late] == [(1, boundary)]
+    (done,) = [e for e in events if e["event"] == "handover_done"]
+    assert done["target_step"] == boundary and done["retired"] == ["worker2"]
+    assert done["recomputed_steps"] == 1 and done["lost_steps"] == 0
+    assert not [e for e in events if e["event"] in ("failure", "recovery_done", "hang_detected")]
+    assert_bitwise_equal(job.weights(), reference3.weights(), job)
+    assert job.summary()["handovers"][0]["told_late"] == [1]
 
 
 def test_draining_a_whole_node_moves_its_slots_to_the_other_node(tmp_path):

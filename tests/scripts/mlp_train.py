@@ -4,6 +4,7 @@ import argparse
 import contextlib
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -35,6 +36,9 @@ parser.add_argument(
 parser.add_argument(
     "--spare-leash", type=Path, default=None, help="spares wait for this file before their loop"
 )
+parser.add_argument(
+    "--hears-late", type=int, default=-1, help="this rank hears a handover's boundary late"
+)
 args = parser.parse_args()
 
 if args.before_init == "raise":
@@ -51,7 +55,31 @@ def held(step: int) -> bool:
         return True
 
 
+def hear_boundaries_late(boundary) -> None:
+    """This rank hears a handover's boundary only once it committed that step and looked past
+    it (as if the message reached it late; ranks run in lockstep, so no load can single one
+    out): the watch thread waits for the training thread's look."""
+    looked, last = threading.Condition(), [(-1, -1)]
+    due, tell = boundary.due, boundary.tell
+
+    def looking(generation: int, committed: int) -> bool:
+        answer = due(generation, committed)
+        with looked:
+            last[0] = (generation, committed)
+            looked.notify_all()
+        return answer
+
+    def hearing(generation: int, step: int, say_late) -> None:
+        with looked:
+            looked.wait_for(lambda: last[0] >= (generation, step))
+        tell(generation, step, say_late)
+
+    boundary.due, boundary.tell = looking, hearing
+
+
 relay = torchrelay.init(seed=7)
+if relay.rank == args.hears_late:
+    hear_boundaries_late(relay._handover)
 if relay.rank == args.die_in_setup:  # lost between init() and DDP's set-up broadcast
     os.kill(os.getpid(), signal.SIGKILL)
 net = torch.nn.Sequential(
