@@ -9,9 +9,10 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
+
+from tests import procs
 
 pytestmark = pytest.mark.slow
 
@@ -29,11 +30,7 @@ CHILD = textwrap.dedent(
 
 def _blocked(pid: int) -> bool:
     """Asleep in the kernel (the freeze's wait)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:  # gone
-        return False
-    return stat[stat.rindex(")") + 2] == "S"
+    return procs.state(pid) == "S"
 
 
 def _await(condition, what: str) -> None:

@@ -12,24 +12,11 @@ import threading
 import time
 from pathlib import Path
 
+from tests import procs
 from torchrelay.agent.spawn import TRAMPOLINE, await_group_end, signal_group, spawn
 
 # Answers each line on stdin with its pid: proof of life, paced by our own writes.
 ECHO = [sys.executable, "-c", "import os, sys\nfor _ in sys.stdin: print(os.getpid(), flush=True)"]
-
-
-def _gone(pid: int, timeout: float = 30.0) -> bool:
-    """Whether ``pid`` (not our child) disappears, or turns zombie, within ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            return True
-        if state == "Z":
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def test_a_process_started_by_a_thread_that_ends_lives_on():
@@ -100,7 +87,9 @@ def test_processes_die_with_the_process_that_started_them_even_stopped(tmp_path)
     assert len(children) == 2
     proc.kill()
     proc.wait()
-    assert all(_gone(pid) for pid in children), "a child outlived the process that started it"
+    assert all(procs.await_gone(pid) for pid in children), (
+        "a child outlived the process that started it"
+    )
 
 
 def test_a_launcher_dead_before_the_request_takes_its_process_with_it():
@@ -124,7 +113,7 @@ def test_a_group_ends_when_its_last_member_has_gone_not_when_its_leader_has():
     assert not await_group_end(leader.pid, timeout=0.2)
     signal_group(leader.pid, signal.SIGKILL)
     assert await_group_end(leader.pid, timeout=60)
-    assert _gone(member)  # at once: the group is empty
+    assert procs.await_gone(member)  # at once: the group is empty
     leader.stdin.close()
 
 
@@ -133,8 +122,7 @@ def test_a_group_whose_members_are_all_zombies_has_ended():
     which in a container may reap late or never) holds no memory and no descriptor: the
     group has ended, although signalling it still succeeds."""
     leader = subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True)
-    stat = Path(f"/proc/{leader.pid}/stat")
-    while stat.read_text().rsplit(")", 1)[1].split()[0] != "Z":  # exited, not reaped
+    while procs.state(leader.pid) != "Z":  # exited, not reaped
         time.sleep(0.01)
     os.killpg(leader.pid, 0)  # the group still answers
     assert await_group_end(leader.pid, timeout=60)

@@ -9,11 +9,11 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 
+from tests import procs
 from torchrelay.agent.template import (
     FORKED_ENV,
     ForkedProcess,
@@ -133,26 +133,12 @@ def test_forked_children_are_the_requested_processes_and_die_with_the_template(t
         assert Path(f"/proc/{waiting.pid}/environ").exists()
         os.kill(template.pid, signal.SIGKILL)  # the template dies: so does what it forked
         assert waiting.wait(timeout=60) == -signal.SIGKILL
-        assert _gone(waiting.pid)
+        assert procs.await_gone(waiting.pid)
         with pytest.raises(TemplateUnavailable):
             template.fork([str(script), "0"], {})
         assert f"forked pid {done.pid} in" in (tmp_path / "template.log").read_text()
     finally:
         template.close()
-
-
-def _gone(pid: int, timeout: float = 30.0) -> bool:
-    """Whether ``pid`` (no longer anyone's child here) exits, or turns zombie, in time."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            return True
-        if state == "Z":
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def test_the_template_forks_single_threaded_with_what_a_worker_imports_loaded(tmp_path):

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import procs
 from tests.jobs import SCRIPTS
 from tests.snapshots import require_criu
 from torchrelay.agent.agent import NodeAgent
@@ -117,13 +118,6 @@ def test_stop_reaches_a_clone(tmp_path: Path) -> None:
     assert codes["spare0"] == [-signal.SIGTERM], codes
 
 
-def _state(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return "X"  # gone
-
-
 def _tree(outer: int) -> nsinit.Tree | None:
     try:
         return nsinit.tree(outer)
@@ -150,11 +144,14 @@ def test_a_hang_drill_stops_the_worker_and_its_fence_ends_its_namespace(tmp_path
         _until(lambda: _tree(outer) is not None, "no worker started")
         tree = nsinit.tree(outer)
         agent.kill("worker0", signal.SIGSTOP)
-        _until(lambda: _state(tree.worker) == "T", "the worker was not stopped")
-        assert _state(tree.init) != "T", "its init stays awake"
+        _until(lambda: procs.state(tree.worker) == "T", "the worker was not stopped")
+        assert procs.state(tree.init) != "T", "its init stays awake"
         agent.kill("worker0")  # the fence
         codes = exits.wait({"worker0"})
-        _until(lambda: _state(tree.init) in "XZ" and _state(tree.worker) in "XZ", "left behind")
+        _until(
+            lambda: procs.state(tree.init) in "XZ" and procs.state(tree.worker) in "XZ",
+            "left behind",
+        )
     finally:
         agent.kill_all()
     assert codes == {"worker0": [-signal.SIGKILL]}

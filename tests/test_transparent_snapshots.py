@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import procs
 from tests.jobs import SCRIPTS
 from tests.snapshots import TOKEN, output, require_criu, start_worker
 from torchrelay.transparent import cloner, criu
@@ -79,14 +80,6 @@ def test_torch_training_goes_on_exactly(tmp_path: Path, move: str, mlp_reference
         assert _steps(donor_lines) == reference[:5]
 
 
-def _gone(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return True
-    return state in ("Z", "X")
-
-
 def test_launcher_death_kills_its_clones(tmp_path: Path) -> None:
     require_criu()
     launcher = subprocess.Popen(
@@ -98,11 +91,11 @@ def test_launcher_death_kills_its_clones(tmp_path: Path) -> None:
     try:
         assert launcher.stdout is not None
         pids = json.loads(launcher.stdout.readline())
-        assert not _gone(pids["donor"]) and not _gone(pids["clone"])
+        assert not procs.gone(pids["donor"]) and not procs.gone(pids["clone"])
         os.killpg(launcher.pid, signal.SIGKILL)
         launcher.wait(timeout=30)
         deadline = time.monotonic() + 60  # a safety net: the kernel kills them at once
-        while not (_gone(pids["donor"]) and _gone(pids["clone"])):
+        while not (procs.gone(pids["donor"]) and procs.gone(pids["clone"])):
             assert time.monotonic() < deadline, f"outlived their launcher: {pids}"
             time.sleep(0.05)
     finally:
