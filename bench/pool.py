@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 from tests.jobs import await_status, cli, ledger_events, start_job
+from tests.pool_jobs import start_pool
 from torchrelay.cli.operator import job_status
 
 
@@ -54,28 +53,9 @@ def spare(where: Path, steps: int, at: int, pace: tuple[str, ...]) -> float:
 def borrow(
     where: Path, steps: int, at: int, pace: tuple[str, ...], sample: float
 ) -> dict[str, float]:
-    where.mkdir(parents=True)
-    token, address = where / "pool.token", where / "pool.address"
-    pool = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "torchrelay.cli.main",
-            "pool",
-            "--slots",
-            "4",
-            "--token-file",
-            str(token),
-            "--address-file",
-            str(address),
-        ],
-        start_new_session=True,
-    )
+    pool = start_pool(where)
     try:
-        while not address.exists() or not address.read_text().endswith("\n"):
-            assert pool.poll() is None, "the pool did not start"
-            time.sleep(0.05)
-        attach = ("--pool", address.read_text().strip(), "--pool-token", str(token))
+        attach = pool.attach()
         low = start_job(
             where / "L",
             nproc=2,
@@ -104,8 +84,7 @@ def borrow(
             time.sleep(sample)
         assert low.returncode == 0 and high.wait(timeout=60) == 0
     finally:
-        pool.terminate()
-        pool.wait(timeout=30)
+        pool.stop()
     rates: dict[int, list[float]] = {1: [0.0, 0.0], 2: [0.0, 0.0]}
     for (t0, s0, p0), (t1, s1, p1) in itertools.pairwise(samples):
         if p0 == p1 and p0 in rates:  # an interval with no resize in it
