@@ -45,6 +45,10 @@ class JobConfig:
     script_args: list[str]
     nproc_per_node: int
     run_dir: Path
+    module: bool = False  # -m: ``script`` is a module, run as ``python -m script``
+    # The job's id, given to the script as torchrun gives it (TORCHELASTIC_RUN_ID); "": the
+    # run directory's name.
+    run_id: str = ""
     spares: int = 1
     # Workers and spares forked from a per-node template that has imported torch
     # (agent/template.py); False: each is a fresh interpreter.

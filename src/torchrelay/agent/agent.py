@@ -30,6 +30,7 @@ from torchrelay.agent.resume import checkpoint_environment
 from torchrelay.agent.spawn import ask_group_to_end, await_group_end, signal_group, spawn
 from torchrelay.agent.stack_dump import StackDumps
 from torchrelay.agent.template import ForkedProcess, NodeTemplate, TemplateUnavailable
+from torchrelay.agent.torchrun_env import torchrun_environment
 from torchrelay.config import JobConfig
 from torchrelay.health import quarantine
 from torchrelay.health.poller import HealthPoller, node_sources
@@ -84,12 +85,10 @@ class NodeAgent(Copying):
         Called again when a new leader serves the job (``store_host``: where its store is)."""
         env = dict(os.environ)
         env.update(
+            torchrun_environment(self.config, store_host or self.config.master_addr, store_port)
+        )
+        env.update(
             {
-                "MASTER_ADDR": store_host or self.config.master_addr,
-                "MASTER_PORT": str(store_port),
-                "WORLD_SIZE": str(self.config.world_size),
-                "LOCAL_WORLD_SIZE": str(self.config.nproc_per_node),
-                "GROUP_RANK": str(self.config.node_rank),
                 "TORCHRELAY_CONTROL": control,
                 "TORCHRELAY_TOKEN": token,
                 "TORCHRELAY_RUN_DIR": str(self.config.run_dir),
@@ -116,7 +115,9 @@ class NodeAgent(Copying):
             with self._lock:
                 self._local_index[f"worker{rank}"] = local_rank
             self._start(
-                f"worker{rank}", "worker", {"RANK": str(rank), "LOCAL_RANK": str(local_rank)}
+                f"worker{rank}",
+                "worker",
+                {"RANK": str(rank), "ROLE_RANK": str(rank), "LOCAL_RANK": str(local_rank)},
             )
 
     def start_spare(self, avoid: Iterable[int] = ()) -> None:
@@ -189,7 +190,8 @@ class NodeAgent(Copying):
         self._adopt(process, *self._spawn(env))
 
     def _spawn(self, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], Channel | None]:
-        command = [sys.executable, "-u", self.config.script, *self.config.script_args]
+        entry = ["-m", self.config.script] if self.config.module else [self.config.script]
+        command = [sys.executable, "-u", *entry, *self.config.script_args]
         channel = Channel.open() if self.config.transparent else None
         if self.config.transparent:
             command = worker_command(command)
@@ -242,7 +244,8 @@ class NodeAgent(Copying):
         if template is None or self._template_failed:
             return None
         try:
-            return template.fork([self.config.script, *self.config.script_args], env)
+            argv = [self.config.script, *self.config.script_args]
+            return template.fork(argv, env, self.config.module)
         except TemplateUnavailable as exc:
             if self._stopping:
                 return None

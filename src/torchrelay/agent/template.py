@@ -120,15 +120,16 @@ class NodeTemplate:
         self._channel = ours
         threading.Thread(target=self._listen, name="torchrelay-template", daemon=True).start()
 
-    def fork(self, argv: list[str], env: dict[str, str]) -> ForkedProcess:
-        """Fork a process that runs ``argv`` (``[script, *args]``) with exactly ``env``; its
-        output goes to the returned handle's ``stdout``."""
+    def fork(self, argv: list[str], env: dict[str, str], module: bool = False) -> ForkedProcess:
+        """Fork a process that runs ``argv`` (``[script, *args]``; ``module``: ``script`` is a
+        module, as ``python -m`` runs it) with exactly ``env``; its output goes to the returned
+        handle's ``stdout``."""
         with self._lock:
             self._await_ready()
             assert self._channel is not None
             read, write = os.pipe()
             try:
-                request = encode({"argv": argv, "env": env})
+                request = encode({"argv": argv, "env": env, "module": module})
                 socket.send_fds(self._channel, [request], [write])
             except OSError as exc:
                 os.close(read)

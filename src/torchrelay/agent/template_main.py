@@ -18,8 +18,9 @@ starts neither. Each child, before it runs the script:
 - takes its stdout and stderr from the pipe the agent passed with the request (SCM_RIGHTS),
   and ``/dev/null`` as stdin;
 - takes the request's environment and argv as its own, and runs the script as ``__main__``,
-  with the script's directory first on ``sys.path``; it then exits as the interpreter would
-  (atexit handlers, non-daemon threads joined).
+  with the script's directory first on ``sys.path`` (a module, as ``python -m`` runs it: the
+  working directory first); it then exits as the interpreter would (atexit handlers,
+  non-daemon threads joined).
 
 Exit statuses reach the agent from here (this process is the children's parent and reaps
 them on SIGCHLD). The template ends when the agent closes its end of the socket, or with the
@@ -108,6 +109,7 @@ def serve(channel: socket.socket) -> int:
         try:
             request = decode(raw)
             argv, env = list(request["argv"]), dict(request["env"])
+            module = bool(request.get("module", False))
             if len(fds) != 1:
                 raise ValueError(f"a request needs one output descriptor, not {len(fds)}")
         except (ValueError, KeyError, TypeError) as exc:
@@ -128,7 +130,7 @@ def serve(channel: socket.socket) -> int:
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.default_int_handler)
-            _become(argv, env, fds[0], template)
+            _become(argv, env, fds[0], template, module)
             return 0
         for fd in fds:
             os.close(fd)
@@ -150,8 +152,9 @@ def _reap(channel: socket.socket) -> None:
             channel.send(encode({"exit": pid, "code": os.waitstatus_to_exitcode(status)}))
 
 
-def _become(argv: list[str], env: dict[str, str], output: int, template: int) -> None:
-    """In the forked child: become the requested process and run its script."""
+def _become(argv: list[str], env: dict[str, str], output: int, template: int, module: bool) -> None:
+    """In the forked child: become the requested process and run its script (``module``:
+    ``argv[0]`` names a module, run as ``python -m`` runs it)."""
     os.setsid()
     bind_to_parent(template)
     os.dup2(output, 1)
@@ -164,11 +167,16 @@ def _become(argv: list[str], env: dict[str, str], output: int, template: int) ->
     os.environ.update(env)
     os.environ[FORKED_ENV] = str(template)
     sys.argv = argv
-    # An absolute path, as the interpreter has made a script's ``__file__`` since 3.9.
-    script = os.path.abspath(argv[0])
-    sys.path[0] = os.path.dirname(script)
     try:
-        runpy.run_path(script, run_name="__main__")
+        if module:
+            sys.path[0] = os.getcwd()
+            # As ``python -m``: sys.argv[0] becomes the module's file while it runs.
+            runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
+        else:
+            # An absolute path, as the interpreter has made a script's ``__file__`` since 3.9.
+            script = os.path.abspath(argv[0])
+            sys.path[0] = os.path.dirname(script)
+            runpy.run_path(script, run_name="__main__")
     except Exception as exc:
         # Reported as ``python script.py`` reports it: the script's frames only, not this
         # module's and runpy's above them (a syntax error in the script: no frame at all),

@@ -14,6 +14,7 @@ from torchrelay.agent.slurm import Placement, SlurmError, place, slurm_step
 from torchrelay.chaos import ChaosSpecError, parse_schedule
 from torchrelay.cli import elastic as elastic_flags
 from torchrelay.cli import pool as pool_flags
+from torchrelay.cli import torchrun_flags
 from torchrelay.cli.checkpoint_flags import checkpoint_every, choose_resume, export_key
 from torchrelay.cli.run_checks import (
     check_durations,
@@ -43,9 +44,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--nnodes",
-        type=int,
+        type=torchrun_flags.nodes,
         default=None,
-        help="number of nodes; node 0 hosts the controller (default: 1, or the srun step's)",
+        help="number of nodes (N, or N:N as in torchrun); node 0 hosts the controller "
+        "(default: 1, or the srun step's)",
     )
     p.add_argument(
         "--nproc-per-node",
@@ -201,6 +203,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "voiding the step in flight and rebuilding the communicator (docs/transparent.md)",
     )
     p.add_argument("--quiet", action="store_true", help="do not stream worker output")
+    torchrun_flags.add_flags(p)
     p.add_argument("script", help="the training script")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
     p.set_defaults(func=run)
@@ -213,7 +216,7 @@ def config_from_args(
     :mod:`torchrelay.agent.slurm`); ``SystemExit`` with one line for bad input."""
     try:
         placement = place(
-            Placement(args.nnodes, args.node_rank, args.rdzv_endpoint, args.run_dir),
+            Placement(args.nnodes, args.node_rank, torchrun_flags.endpoint(args), args.run_dir),
             slurm_step(environ),
         )
     except SlurmError as exc:
@@ -224,6 +227,7 @@ def config_from_args(
     endpoint = "127.0.0.1:0" if placement.rdzv_endpoint is None else placement.rdzv_endpoint
     if not 0 <= node_rank < nnodes:
         raise SystemExit("torchrelay run: --node-rank must be in [0, --nnodes)")
+    torchrun_flags.check_standalone(args, nnodes)
     if not 1 <= args.nproc_per_node <= MAX_PROCESSES or not 0 <= args.spares <= MAX_PROCESSES:
         raise SystemExit(
             f"torchrelay run: --nproc-per-node must be in [1, {MAX_PROCESSES}] and --spares in "
@@ -268,6 +272,8 @@ def config_from_args(
     config = JobConfig(
         script=args.script,
         script_args=script_args,
+        module=args.module,
+        run_id=args.rdzv_id or "",
         nproc_per_node=args.nproc_per_node,
         run_dir=run_dir,
         spares=args.spares,
@@ -302,8 +308,7 @@ def config_from_args(
 
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
-    if not Path(config.script).is_file():
-        raise SystemExit(f"torchrelay run: script {config.script!r} not found")
+    torchrun_flags.check_entry(config.script, config.module)
     check_state_store(config.state)
     export_key(config, args.resume)
     if args.resume:

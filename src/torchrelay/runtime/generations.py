@@ -64,7 +64,7 @@ class GenerationEntry:
         moved = rank != self.rank
         self.generation, self.rank = generation, rank
         self.hosted = tuple(sorted(v for v, host in hosted.items() if host == rank))
-        os.environ["RANK"] = str(rank)
+        os.environ["RANK"] = os.environ["ROLE_RANK"] = str(rank)
         if moved and self.on_slot is not None:
             self.on_slot(rank)
         store = dist.PrefixStore(f"torchrelay/g{generation}", self._store)
