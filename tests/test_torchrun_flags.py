@@ -4,7 +4,9 @@ The real runs put one command line under torchrun and under torchrelay, changing
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +25,7 @@ from tests.jobs import (
 from torchrelay.agent.torchrun_env import torchrun_environment
 from torchrelay.cli.main import build_parser
 from torchrelay.cli.run import config_from_args
-from torchrelay.cli.torchrun_flags import check_entry
+from torchrelay.cli.torchrun_flags import check_entry, processes
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -85,6 +87,19 @@ def test_a_module_is_found_as_python_m_finds_it_without_importing_it(tmp_path, m
         check_entry("nopkg.train", module=True)
     with pytest.raises(SystemExit, match="not found"):
         check_entry(str(tmp_path / "missing.py"), module=False)
+
+
+def test_processes_per_node_as_torchrun_counts_them():
+    assert processes("3") == 3 and processes("cpu") == os.cpu_count()
+    gpus = torch.cuda.device_count()
+    assert processes("auto") == (gpus or os.cpu_count())
+    if gpus:
+        assert processes("gpu") == gpus
+    else:
+        with pytest.raises(argparse.ArgumentTypeError, match="no CUDA device is visible"):
+            processes("gpu")
+    with pytest.raises(argparse.ArgumentTypeError, match="not a number, gpu, cpu or auto"):
+        processes("four")
 
 
 def test_the_torchrun_variables_follow_the_job(tmp_path):

@@ -53,9 +53,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--nproc-per-node",
         "--nproc_per_node",
         dest="nproc_per_node",
-        type=int,
+        type=torchrun_flags.processes,
         default=1,
-        help="workers per node (one per slot)",
+        help="workers per node (one per slot): a number, or as in torchrun gpu, cpu or auto",
     )
     p.add_argument(
         "--node-rank",

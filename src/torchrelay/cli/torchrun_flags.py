@@ -2,6 +2,8 @@
 one word: those that mean something here map onto torchrelay's, and those that cannot are
 refused in one line that says what to use instead.
 
+- ``--nproc-per-node N``, or ``gpu`` (the CUDA devices this process sees; refused where there
+  are none), ``cpu`` (the cores) or ``auto`` (``gpu`` where there are GPUs, else ``cpu``).
 - ``--nnodes N`` or ``N:N``. An elastic range (``MIN:MAX``, ``MIN < MAX``) is refused: a job
   keeps its nodes, and ``--elastic`` lets survivors host lost ranks instead.
 - ``--standalone``: one node, its store on a free local port, which is torchrelay's default;
@@ -41,6 +43,30 @@ def nodes(value: str) -> int:
             "--elastic lets survivors host the ranks of a lost process)"
         )
     return first
+
+
+def processes(value: str) -> int:
+    """``--nproc-per-node``: a number, or torchrun's ``gpu``, ``cpu`` or ``auto`` (an argparse
+    type: a bad value is a one-line error). Only ``gpu`` and ``auto`` import torch, to count
+    the devices as a worker will see them (``CUDA_VISIBLE_DEVICES``)."""
+    if value not in ("gpu", "cpu", "auto"):
+        try:
+            return int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{value!r} is not a number, gpu, cpu or auto"
+            ) from None
+    if value != "cpu":
+        import torch
+
+        devices = torch.cuda.device_count()
+        if devices:
+            return devices
+        if value == "gpu":
+            raise argparse.ArgumentTypeError(
+                "gpu: no CUDA device is visible here (give a number of processes, or cpu)"
+            )
+    return os.cpu_count() or 1
 
 
 def add_flags(p: argparse.ArgumentParser) -> None:
