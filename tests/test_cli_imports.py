@@ -66,3 +66,23 @@ def test_the_package_loads_torch_on_first_use_of_its_api():
             [sys.executable, "-c", check.format(touch)], capture_output=True, text=True, timeout=120
         )
         assert done.stdout.strip() == loaded, done.stderr
+
+
+def test_python_m_torchrelay_is_the_command():
+    """``python -m torchrelay`` as ``python -m torch.distributed.run`` is torchrun: the same
+    parser, the same one-line errors and exit codes."""
+    done = subprocess.run(
+        [sys.executable, "-m", "torchrelay", "run", "--nnodes", "1:2", "x.py"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert (
+        done.stderr.startswith("torchrelay run: error: argument --nnodes")
+        and done.stderr.count("\n") == 1
+    )
+    helped = subprocess.run(
+        [sys.executable, "-m", "torchrelay", "--help"], capture_output=True, text=True, timeout=120
+    )
+    assert helped.returncode == 0 and helped.stdout.startswith("usage: torchrelay ")
