@@ -79,14 +79,17 @@ def torchrun(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Weights]
 
 def transparent_job(run_dir: Path, script: str, *args: str, chaos: str = "") -> JobResult:
     """The job run under ``torchrelay run --transparent``; once more, in ``run_dir``-1, -2, if
-    its only fault was torch's teardown abort after the last step (TORCH_TEARDOWN_ABORT)."""
+    its only fault was torch's teardown abort after the last step (TORCH_TEARDOWN_ABORT).
+    ``{run}`` in an argument is the attempt's run directory: a file the script writes for
+    itself (its own snapshot, which it would resume from) must not outlive the attempt."""
     require_criu()  # --transparent refuses to start without it
     for attempt in range(ATTEMPTS):
         directory = run_dir.with_name(f"{run_dir.name}-{attempt}") if attempt else run_dir
         command = [sys.executable, "-m", "torchrelay.cli.main", "run", "--transparent"]
         command += ["--nproc-per-node", "2", "--spares", "0", "--run-dir", str(directory)]
         command += [f"--chaos={chaos}"] * bool(chaos)
-        command += [str(SCRIPTS / script), *args, "--out", str(directory / "final.pt")]
+        own = [arg.replace("{run}", str(directory)) for arg in args]
+        command += [str(SCRIPTS / script), *own, "--out", str(directory / "final.pt")]
         done = subprocess.run(command, capture_output=True, text=True, timeout=300)
         job = JobResult(done.returncode, done.stdout + done.stderr, directory)
         torch_teardown = TORCH_TEARDOWN_ABORT in job.output and "after its last step" in job.output
@@ -96,11 +99,10 @@ def transparent_job(run_dir: Path, script: str, *args: str, chaos: str = "") -> 
 
 
 def test_unmodified_script_runs_as_under_torchrun(tmp_path, torchrun) -> None:
-    snapshot = tmp_path / "snapshot.pt"
-    job = transparent_job(tmp_path / "run", *PLAIN, "--snapshot", str(snapshot))
+    job = transparent_job(tmp_path / "run", *PLAIN, "--snapshot", "{run}/snapshot.pt")
     assert job.returncode == 0, job.output
     assert job.summary()["steps_committed"] == 3 * PER_EPOCH
-    assert snapshot.is_file()  # the script's own snapshot file
+    assert (job.run_dir / "snapshot.pt").is_file()  # the script's own snapshot file
     assert_bitwise_equal(job.weights(), torchrun(*PLAIN), job)
 
 
