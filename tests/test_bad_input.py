@@ -189,7 +189,7 @@ RUN_CASES = {
     ),
     "nproc-not-a-number": (
         lambda tmp_path: _run(tmp_path, "--nproc-per-node", "four"),
-        "invalid int value",
+        "'four' is not a number, gpu, cpu or auto",
     ),
 }
 

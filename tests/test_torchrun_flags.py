@@ -179,6 +179,10 @@ def test_a_torchrun_command_line_runs_by_changing_one_word(tmp_path):
         ours, theirs = dict(seen["torchrelay"][rank]), dict(seen["torchrun"][rank])
         for name in ("MASTER_ADDR", "MASTER_PORT"):
             assert ours.pop(name) and theirs.pop(name)
+        # How often each launcher restarted its whole group (torchrun does, within its
+        # --max-restarts, after a failure of its own, such as torch's teardown abort).
+        assert ours.pop("TORCHELASTIC_RESTART_COUNT") == "0"
+        assert theirs.pop("TORCHELASTIC_RESTART_COUNT").isdigit()
         assert ours == theirs
         assert ours["TORCHELASTIC_RUN_ID"] == "compat"
     ours = torch.load(tmp_path / "torchrelay" / "final.pt", weights_only=True)
