@@ -46,8 +46,10 @@ class Driver:
         self.actions += actions
         return actions
 
-    def join(self, process: str, role: str = "worker", slot: int | None = None) -> None:
-        request = JoinRequest(role=role, pid=1, node="node0", slot=slot)
+    def join(
+        self, process: str, role: str = "worker", slot: int | None = None, node: str = "node0"
+    ) -> None:
+        request = JoinRequest(role=role, pid=1, node=node, slot=slot)
         self.take(membership.join(self.job, self.config, process, request, self.now))
 
     def report(self, process: str, kind: str, **body: Any) -> list[Action]:

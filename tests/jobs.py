@@ -65,9 +65,11 @@ def job_command(
     script_args: tuple[str, ...] = (),
     steps: int = 10,
     launcher: str | None = None,
+    quiet: bool = True,
 ) -> list[str]:
-    """``torchrelay run`` of a test script, quiet, its final weights to ``RUN_DIR/final.pt``;
-    ``launcher``: a script in tests/scripts that stands in for ``torchrelay``."""
+    """``torchrelay run`` of a test script, ``quiet`` (no output on the console), its final
+    weights to ``RUN_DIR/final.pt``; ``launcher``: a script in tests/scripts that stands in for
+    ``torchrelay``."""
     return [
         sys.executable,
         *([str(SCRIPTS / launcher)] if launcher else ["-m", "torchrelay.cli.main"]),
@@ -78,7 +80,7 @@ def job_command(
         str(spares),
         "--run-dir",
         str(run_dir),
-        "--quiet",
+        *(["--quiet"] if quiet else []),
         *(f"--chaos={spec}" for spec in chaos),
         *launcher_args,
         str(SCRIPTS / script),
@@ -224,6 +226,7 @@ def start_node(
     wrapper: tuple[str, ...] = (),
     nnodes: int = 2,
     nproc: int = 2,
+    quiet: bool = True,
 ) -> subprocess.Popen[str]:
     """Start node ``node_rank`` of an ``nnodes``-node job (``nproc`` workers each) as its own
     process group.
@@ -246,6 +249,7 @@ def start_node(
             *launcher_args,
         ),
         script_args=script_args,
+        quiet=quiet,
     )
     return subprocess.Popen(
         [*wrapper, *command],

@@ -19,7 +19,9 @@ def test_spares_take_the_lowest_free_device_index(tmp_path):
     script = tmp_path / "idle.py"
     script.write_text("import os, signal\nprint(os.environ['LOCAL_RANK'])\nsignal.pause()\n")
     exited = threading.Event()
-    config = JobConfig(str(script), [], nproc_per_node=2, run_dir=tmp_path, stream_output=False)
+    config = JobConfig(
+        str(script), [], nproc_per_node=2, run_dir=tmp_path, console_ranks=frozenset()
+    )
     agent = NodeAgent(config, "node0", on_exit=lambda process, code: exited.set())
     agent.configure(1, "127.0.0.1:1", "token")
     try:

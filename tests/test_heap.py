@@ -77,7 +77,12 @@ def test_a_workers_heap_is_in_huge_pages_and_keeps_large_blocks(
     script = tmp_path / "heap.py"
     script.write_text(_WORKER)
     config = JobConfig(
-        str(script), [], nproc_per_node=1, run_dir=tmp_path, stream_output=False, template=template
+        str(script),
+        [],
+        nproc_per_node=1,
+        run_dir=tmp_path,
+        console_ranks=frozenset(),
+        template=template,
     )
     agent = NodeAgent(config, "node0", on_exit=lambda process, code: None)
     agent.configure(1, "127.0.0.1:1", "token")

@@ -82,6 +82,7 @@ COMMANDS = [
     p.Chaos(fault="kill-node", seconds=0.0),
     p.CopyProcess(kind="clone", process="worker1", slot=0, generation=2, ordered=1000.5),
     p.CopyProcess(kind="migrate", process="node1-spare0", slot=1, generation=3, ordered=9.0),
+    p.Seated(process="node1-spare0", slot=3),
     p.FinishNode(),
     p.FinishNode(joined=("node1-spare0", "worker3")),
 ]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tests.fsm import Driver
-from torchrelay.control.actions import SignalLocal, StartLocalSpare
+from torchrelay.control.actions import SendToNode, SignalLocal, StartLocalSpare
+from torchrelay.control.protocol import Seated
 from torchrelay.control.state import JobPhase, MemberState, RecoveryStep
 
 
@@ -44,6 +45,24 @@ def test_a_recovery_runs_from_the_failure_to_the_first_step(tmp_path):
     assert done["recovery_seconds"] == 2.0 and done["survivor_gap_seconds"] == {"0": 2.5}
     assert driver.job.recovery.current is None
     assert StartLocalSpare() in driver.actions  # the spares are topped up after it
+
+
+@pytest.mark.parametrize("node", ["node0", "node1"])
+def test_the_node_of_a_spare_that_takes_a_slot_hears_which_unless_it_is_the_controllers(
+    tmp_path, node
+):
+    """Its agent shows the spare's output as that rank's (agent.console); the controller's
+    own agent reads the slot from the job's state instead."""
+    driver = Driver(tmp_path)
+    driver.start(spare=False)
+    driver.join("spare0", role="spare", node=node)
+    driver.report("spare0", "ready")
+    fail_worker1(driver)
+    driver.report("worker0", "halted", committed=2, in_flight=3, last_commit_t=999.5)
+    driver.advance()
+    assert driver.sent("spare0")[-1]["slot"] == 1
+    told = [a for a in driver.actions if isinstance(a, SendToNode)]
+    assert told == ([] if node == "node0" else [SendToNode(node, Seated(process="spare0", slot=1))])
 
 
 def test_a_recovery_with_no_spare_coming_is_abandoned_naming_the_step_in_flight(tmp_path):

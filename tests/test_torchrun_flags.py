@@ -143,9 +143,10 @@ def _run_once(head: list[str], common: list[str], out: Path) -> subprocess.Compl
 
 @pytest.mark.slow
 def test_a_torchrun_command_line_runs_by_changing_one_word(tmp_path):
-    """The same command line, a module with torchrun's multi-node rendezvous flags, under
-    ``torchrun`` and ``torchrelay run --transparent``: both end well with the same weights,
-    and the workers see the same torchrun variables (the store's address aside)."""
+    """The same command line, a module with torchrun's multi-node rendezvous flags and
+    torchtitan's console flags, under ``torchrun`` and ``torchrelay run --transparent``: both
+    end well with the same weights, show rank 0's output alone, and the workers see the same
+    torchrun variables (the store's address aside)."""
     require_criu()  # --transparent runs an unmodified script
     seen: dict[str, dict] = {}
     for launcher in ("torchrun", "torchrelay"):
@@ -158,6 +159,9 @@ def test_a_torchrun_command_line_runs_by_changing_one_word(tmp_path):
             f"--rdzv-endpoint=127.0.0.1:{free_port_pair()}",
             "--rdzv-id=compat",
             "--max-restarts=2",  # the defaults differ: torchrun's 0, torchrelay's 3
+            "--local-ranks-filter=0",  # torchtitan's console flags
+            "--role=rank",
+            "--tee=3",
             "-m",
             "tests.scripts.torchrun_ddp",
             "--steps",
@@ -170,9 +174,12 @@ def test_a_torchrun_command_line_runs_by_changing_one_word(tmp_path):
         head = [sys.executable, "-m", "torch.distributed.run"]
         if launcher == "torchrelay":
             head = [sys.executable, "-m", "torchrelay.cli.main", "run", "--transparent"]
-            head += ["--spares", "0", "--quiet"]
+            head += ["--spares", "0"]
         done = _run_once(head, common, out)
         assert done.returncode == 0, done.stdout + done.stderr
+        # The console shows rank 0's output alone, with torchrun's prefix.
+        assert "[rank0]:rank 0 trained 5 steps\n" in done.stdout, done.stdout
+        assert "rank 1 trained" not in done.stdout + done.stderr
         seen[launcher] = _env_seen(out)
     assert sorted(seen["torchrelay"]) == sorted(seen["torchrun"]) == ["rank0", "rank1"]
     for rank in ("rank0", "rank1"):

@@ -78,7 +78,7 @@ def test_clone_is_a_job_process_of_its_own(tmp_path: Path, capfd) -> None:
     donor_log = (tmp_path / "logs" / "worker0.log").read_text().splitlines()
     assert clone_log[0] == "instruction become 4"
     assert clone_log[1:] == donor_log[4:], "the clone goes on where the donor parked"
-    assert "[spare0] instruction become 4" in capfd.readouterr().out
+    assert "[spare0]:instruction become 4" in capfd.readouterr().out
 
 
 def test_migration_keeps_the_name_and_reports_one_exit(tmp_path: Path) -> None:

@@ -49,6 +49,7 @@ class JobConfig:
     # The job's id, given to the script as torchrun gives it (TORCHELASTIC_RUN_ID); "": the
     # run directory's name.
     run_id: str = ""
+    role: str = "default"  # the workers' ROLE_NAME, as torchrun's --role gives it
     spares: int = 1
     # Workers and spares forked from a per-node template that has imported torch
     # (agent/template.py); False: each is a fresh interpreter.
@@ -73,7 +74,10 @@ class JobConfig:
     chaos: list[ChaosEvent] = field(default_factory=list)
     master_addr: str = "127.0.0.1"
     master_port: int = 0
-    stream_output: bool = True
+    # Local ranks (a slot's index on its node) whose processes' output the console shows with a
+    # prefix (agent/console.py); None: every process's, spares' included; empty: none (--quiet).
+    # Every line is in RUN_DIR/logs/ either way.
+    console_ranks: frozenset[int] | None = None
     state: StoreSpec = field(default_factory=StoreSpec)
     metrics_port: int = 0  # Prometheus metrics on master_addr:metrics_port; 0: none
     # Seconds between two polls of each node's device health (NVML, injected readings);

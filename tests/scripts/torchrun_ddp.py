@@ -47,6 +47,7 @@ for _ in range(args.steps):
     F.mse_loss(model(x), y).backward()
     opt.step()
     opt.zero_grad()
+print(f"rank {dist.get_rank()} trained {args.steps} steps", flush=True)
 if dist.get_rank() == 0 and args.out:
     torch.save(model.module.state_dict(), args.out)
 dist.destroy_process_group()

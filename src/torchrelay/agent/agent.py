@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Collection, Iterable
 from typing import IO, Any
 
+from torchrelay.agent import console
 from torchrelay.agent.copying import Copying
 from torchrelay.agent.resume import checkpoint_environment
 from torchrelay.agent.spawn import ask_group_to_end, await_group_end, signal_group, spawn
@@ -43,27 +44,26 @@ ExitCallback = Callable[[str, int], None]
 
 
 class NodeAgent(Copying):
-    """Owns the processes of one node; thread-safe."""
+    """Owns the processes of one node; thread-safe. ``seat`` tells which slot a process
+    serves (a spare's once it took one), for how the console shows its output."""
 
     def __init__(
         self,
         config: JobConfig,
         node: str,
         on_exit: ExitCallback,
-        label: Callable[[str], str] = lambda process: process,
+        seat: Callable[[str], int | None] = console.worker_slot,
     ) -> None:
         self.config = config
         self.node = node
         self.environment: dict[str, str] = dict(os.environ)
         self._on_exit = on_exit
-        self._label = label
         self._procs: dict[str, subprocess.Popen[bytes] | ForkedProcess] = {}
         self._template: NodeTemplate | None = None
         self._template_failed = False  # said once, then processes are spawned plainly
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
-        self._print_lock = threading.Lock()
-        self._stdout_closed = False
+        self._console = console.Console(config.nproc_per_node, config.console_ranks, seat)
         self._spare_count = 0
         self._local_index: dict[str, int] = {}  # LOCAL_RANK (the GPU, on GPU nodes) by process
         self._stopping = False
@@ -250,7 +250,7 @@ class NodeAgent(Copying):
             if self._stopping:
                 return None
             self._template_failed = True
-            with self._print_lock:
+            with self._console.lock:
                 print(f"torchrelay: spares start as fresh processes: {exc}", file=sys.stderr)
             return None
 
@@ -281,15 +281,7 @@ class NodeAgent(Copying):
                 log.write(raw)
                 log.flush()
                 self._stack_dumps.read(process, raw)
-                if self.config.stream_output and not self._stdout_closed:
-                    line = raw.decode(errors="replace").rstrip("\n")
-                    with self._print_lock:
-                        try:
-                            print(f"[{self._label(process)}] {line}", flush=True)
-                        except OSError:
-                            # `torchrelay run | head`: the reader left. Keep draining the pipe
-                            # into the log, or the worker would block on a full pipe.
-                            self._stdout_closed = True
+                self._console.show(process, raw)
 
     # ------------------------------------------------------------------ fence / stop
     def pid(self, process: str) -> int | None:

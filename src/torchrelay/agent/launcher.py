@@ -15,6 +15,7 @@ import socket
 from typing import TYPE_CHECKING, Any
 
 from torchrelay.agent.agent import NodeAgent
+from torchrelay.agent.console import worker_slot
 from torchrelay.agent.rendezvous import RendezvousError, bind_rendezvous, serve_store
 from torchrelay.agent.resume import (
     Recorder,
@@ -33,7 +34,6 @@ from torchrelay.control.metrics import MetricsError
 from torchrelay.control.observer import Observation
 from torchrelay.control.persistence import take_lead
 from torchrelay.control.service import ControlServer
-from torchrelay.control.state import Role
 from torchrelay.control.store import StoreError
 from torchrelay.control.wire import new_token
 from torchrelay.events import Event, JobStart, PoolAttached, read_events
@@ -80,7 +80,7 @@ class Launch:
             self.store = serve_store(listener, timeout)
             self._stop = StopSignals()
             self.agent = NodeAgent(
-                config, node=f"node{config.node_rank}", on_exit=self._on_exit, label=self._label
+                config, node=f"node{config.node_rank}", on_exit=self._on_exit, seat=self._seat
             )
             self.controller = Controller(
                 config,
@@ -109,11 +109,9 @@ class Launch:
         create_exclusive(self.config.run_dir / "token", self.token)
         create_exclusive(self.config.run_dir / "endpoint", self.server.address)
 
-    def _label(self, process: str) -> str:
+    def _seat(self, process: str) -> int | None:
         member = self.controller.members.get(process)
-        if member is not None and member.slot is not None and member.role is Role.SPARE:
-            return f"rank{member.slot}<{process}"
-        return process.replace("worker", "rank")
+        return worker_slot(process) if member is None or member.slot is None else member.slot
 
     def _on_exit(self, process: str, returncode: int) -> None:
         # Killed by SIGTERM/SIGINT: maybe by the stop its launcher is about to get (see

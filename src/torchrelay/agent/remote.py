@@ -24,6 +24,7 @@ from typing import Any
 
 from torchrelay.agent import partition
 from torchrelay.agent.agent import NodeAgent
+from torchrelay.agent.console import Seats
 from torchrelay.agent.signals import ALONGSIDE, STOP_SIGNALS, StopSignals, exit_status
 from torchrelay.agent.standby import Standby
 from torchrelay.config import JobConfig
@@ -41,6 +42,7 @@ from torchrelay.control.protocol import (
     NodeExit,
     NodeHeartbeat,
     ProtocolError,
+    Seated,
     Signal,
     StartSpare,
 )
@@ -63,7 +65,8 @@ class RemoteNode:
             failover=failover_for(str(config.state), token),
             on_failover=self._follow,
         )
-        self.agent = NodeAgent(config, self.node, on_exit=self._on_exit)
+        self.seats = Seats()
+        self.agent = NodeAgent(config, self.node, on_exit=self._on_exit, seat=self.seats.of)
         self.agent.configure(config.master_port, control, token)
         self.standby: Standby | None = None
         self._stop = StopSignals()
@@ -175,6 +178,8 @@ class RemoteNode:
                         target=self._copy, args=(command,), name="torchrelay-copy", daemon=True
                     )
                     copying.start()
+                elif isinstance(command, Seated):
+                    self.seats.take(command.process, command.slot)
                 elif isinstance(command, FinishNode):
                     self._finished = True
                     if command.joined is not None:

@@ -21,7 +21,7 @@ def torchrun_environment(config: JobConfig, store_host: str, store_port: int) ->
         "LOCAL_WORLD_SIZE": str(config.nproc_per_node),
         "GROUP_RANK": str(config.node_rank),
         "GROUP_WORLD_SIZE": str(config.nnodes),
-        "ROLE_NAME": "default",
+        "ROLE_NAME": config.role,
         "ROLE_WORLD_SIZE": str(config.world_size),
         "TORCHELASTIC_RUN_ID": config.run_id or config.run_dir.name,
         "TORCHELASTIC_MAX_RESTARTS": str(config.max_restarts),

@@ -58,7 +58,7 @@ def _job(args: argparse.Namespace, run_dir: Path, chaos: list[str], stream: bool
         spares=args.spares,
         run_dir=run_dir,
         chaos=parse_schedule(chaos, args.workers),
-        stream_output=stream,
+        console_ranks=None if stream else frozenset(),
         spare_timeout=120.0,
     )
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -14,7 +13,7 @@ from torchrelay.agent.slurm import Placement, SlurmError, place, slurm_step
 from torchrelay.chaos import ChaosSpecError, parse_schedule
 from torchrelay.cli import elastic as elastic_flags
 from torchrelay.cli import pool as pool_flags
-from torchrelay.cli import torchrun_flags
+from torchrelay.cli import torchrun_flags, torchrun_output
 from torchrelay.cli.checkpoint_flags import checkpoint_every, choose_resume, export_key
 from torchrelay.cli.run_checks import (
     check_durations,
@@ -204,6 +203,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--quiet", action="store_true", help="do not stream worker output")
     torchrun_flags.add_flags(p)
+    torchrun_output.add_flags(p)
     p.add_argument("script", help="the training script")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
     p.set_defaults(func=run)
@@ -262,7 +262,7 @@ def config_from_args(
         state = parse_store_url(args.state)
     except StoreError as exc:
         raise SystemExit(f"torchrelay run: {exc}") from None
-    run_dir = placement.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+    run_dir = torchrun_output.run_directory(args, placement.run_dir)
     try:
         policy = HealthPolicy() if args.health_policy is None else load_policy(args.health_policy)
     except PolicyError as exc:
@@ -288,7 +288,8 @@ def config_from_args(
         chaos=chaos,
         master_addr=host,
         master_port=int(port),
-        stream_output=not args.quiet,
+        console_ranks=torchrun_output.console_ranks(args, args.nproc_per_node),
+        role=args.role,
         state=state,
         metrics_port=args.metrics_port,
         health_poll=health_poll(args.health_poll),

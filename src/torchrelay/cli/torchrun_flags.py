@@ -24,6 +24,7 @@ import os
 import sys
 from importlib.machinery import PathFinder
 from pathlib import Path
+from typing import Any
 
 STORE_BACKENDS = ("c10d", "static")
 MASTER_PORT = 29500
@@ -112,6 +113,60 @@ def add_flags(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="as in torchrun: SCRIPT is a module, run as python -m SCRIPT",
     )
+    p.add_argument(
+        "--monitor-interval",
+        "--monitor_interval",
+        dest="monitor_interval",
+        type=float,
+        default=None,
+        help="as in torchrun; no effect: an exit is seen as waitpid returns, a hang by its "
+        "heartbeats (--hang-floor)",
+    )
+    p.add_argument(
+        "--start-method",
+        "--start_method",
+        dest="start_method",
+        choices=("spawn", "fork", "forkserver"),
+        default=None,
+        help="as in torchrun; no effect on a script, there as here (workers are forked from "
+        "the node's template, see --no-template)",
+    )
+    for flags, nargs, why in REFUSED:
+        p.add_argument(*flags, action=Refused, nargs=nargs, why=why, help=argparse.SUPPRESS)
+
+
+class Refused(argparse.Action):
+    """A torchrun flag that ``torchrelay run`` cannot honour: one line saying why."""
+
+    def __init__(self, option_strings: list[str], dest: str, why: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, **kwargs)
+        self.why = why
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        parser.error(f"{self.option_strings[0]}: {self.why}")
+
+
+REFUSED: tuple[tuple[tuple[str, ...], int, str], ...] = (
+    (
+        ("--no-python", "--no_python"),
+        0,
+        "a worker here is a Python process (forked from the node's template, or this "
+        "interpreter run on SCRIPT): run the Python script itself, not a wrapper",
+    ),
+    (
+        ("--run-path", "--run_path"),
+        0,
+        "each worker is a process of its own here, so that one can die alone: drop --run-path",
+    ),
+    (
+        ("--rdzv-conf", "--rdzv_conf"),
+        1,
+        "torchrelay's store takes no rendezvous options; its timeouts are --node-timeout, "
+        "--spare-timeout and --halt-timeout",
+    ),
+)
+"""torchrun's flags refused with a reason (the others it has and this launcher lacks are
+refused by argparse as unknown)."""
 
 
 def endpoint(args: argparse.Namespace) -> str | None:

@@ -160,6 +160,16 @@ class CopyProcess(Command):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Seated(Command):
+    """Spare ``process`` of this node now serves ``slot``: its output is shown as that rank's
+    (:mod:`torchrelay.agent.console`). Said for information only; nothing waits on it."""
+
+    TAG: ClassVar[str] = "seated"
+    process: str
+    slot: int = at_least(0, "a slot (an integer >= 0)")
+
+
+@dataclass(frozen=True, kw_only=True)
 class FinishNode(Command):
     """The job is over: the node agent stops serving (``{"type": "finish"}`` as for workers).
 
@@ -173,7 +183,7 @@ class FinishNode(Command):
 
 
 NODE_REPORTS = registry(NodeHeartbeat, NodeExit, HealthReport, ChaosNotice, CopyOutcome)
-COMMANDS = registry(StartSpare, Signal, Chaos, CopyProcess, FinishNode)
+COMMANDS = registry(StartSpare, Signal, Chaos, CopyProcess, Seated, FinishNode)
 
 
 def decode_node_report(wire: Any) -> NodeReport:

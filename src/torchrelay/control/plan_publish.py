@@ -1,15 +1,15 @@
 """Publishing the next generation's plan: the step a recovery and a planned handover share.
 
 Pure, like the transitions that call it: it changes the :class:`JobState` in place (the new
-generation, its assignments, every member of it ``ACTIVE``) and returns the plan messages and
-the ``recovery_planned`` event.
+generation, its assignments, every member of it ``ACTIVE``) and returns the plan messages, the
+``recovery_planned`` event, and a ``seated`` notice to each other node whose spare took a slot.
 """
 
 from __future__ import annotations
 
 from torchrelay import events
 from torchrelay.config import JobConfig
-from torchrelay.control.actions import Action, Record, Send
+from torchrelay.control.actions import Action, Record, Send, SendToNode
 from torchrelay.control.drills import chaos_for
 from torchrelay.control.endings import fail
 from torchrelay.control.planner import (
@@ -19,9 +19,17 @@ from torchrelay.control.planner import (
     choose_replacements,
     plan_recovery,
 )
-from torchrelay.control.protocol import Plan
+from torchrelay.control.protocol import Plan, Seated
 from torchrelay.control.spares import ready_spares
-from torchrelay.control.state import JobState, Member, MemberState, RecoveryStep, Round, move
+from torchrelay.control.state import (
+    JobState,
+    Member,
+    MemberState,
+    RecoveryStep,
+    Role,
+    Round,
+    move,
+)
 from torchrelay.control.verdicts import recovery_deadline
 
 
@@ -77,6 +85,8 @@ def announce(
     for slot, process in plan.assignments.items():
         member = job.members[process]
         move(member, MemberState.ACTIVE)
+        if member.role is Role.SPARE and member.slot != slot and member.node != job.local_node:
+            actions.append(SendToNode(member.node, Seated(process=process, slot=slot)))
         member.slot, member.generation = slot, plan.generation
         if slot in plan.receivers:
             member.claims.clear()  # its state is replaced: back to the target step

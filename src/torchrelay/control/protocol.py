@@ -47,6 +47,7 @@ from torchrelay.control.node_protocol import (  # noqa: F401 (re-exported)
     NodeJoin,
     NodeJoinAnswer,
     NodeReport,
+    Seated,
     Signal,
     StartSpare,
     decode_command,
