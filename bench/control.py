@@ -65,8 +65,8 @@ class LocalAgent:
         with self._lock:
             print(json.dumps({"start_spare": True}), flush=True)
 
-    def kill(self, process: str, signum: int = 9) -> None:
-        del process, signum
+    def kill(self, process: str, signum: int = 9, stacks: bool = False) -> None:
+        del process, signum, stacks
 
 
 def serve(run_dir: Path, nodes: int, spares: int, state: str) -> None:

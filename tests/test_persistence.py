@@ -10,11 +10,14 @@ import signal
 import pytest
 
 from tests.fsm import Driver, join_to
+from torchrelay.control import departures, membership, nodes, recovery_steps
 from torchrelay.control.controller import Controller
-from torchrelay.control.persistence import StatePersister, durable_view, lead
+from torchrelay.control.persistence import StatePersister, durable_view, lead, relearnt, restore
+from torchrelay.control.protocol import Halted, NodeHeartbeat, PhaseDone, Progress, Report
 from torchrelay.control.state import JobPhase
 from torchrelay.control.store import SealedStore, StateTampered, StoreError
 from torchrelay.control.store.memory import MemoryBackend
+from torchrelay.control.takeover import take_over
 from torchrelay.control.wire import new_token
 from torchrelay.ledger import Ledger, read_ledger
 
@@ -53,6 +56,89 @@ def test_a_decision_is_written_and_heartbeats_are_not(tmp_path):
     persister.save(driver.job)
     state, later = _stored(backend)
     assert later > revision and state["members"]["worker1"]["state"] == "dead"
+
+
+def test_a_heartbeat_changes_nothing_durable(tmp_path):
+    """The controller skips the durable view entirely for a heartbeat (``relearnt``), so a
+    heartbeat must leave the view as it was; a new committed step changes it."""
+    driver = Driver(tmp_path)
+    driver.start(steps=2)
+    driver.take(nodes.join_node(driver.job, "node1", driver.now))
+
+    def handled(report) -> tuple[bool, bool]:
+        """(classed a heartbeat, the durable view unchanged) for one report."""
+        before, classed = durable_view(driver.job), relearnt(driver.job, report)
+        driver.now += 0.5
+        if isinstance(report, NodeHeartbeat):
+            departures.node_report(driver.job, driver.config, "node1", report, driver.now, str)
+        else:
+            body = report.to_wire()
+            driver.report("worker0", body.pop("kind"), **body)
+        return classed, durable_view(driver.job) == before
+
+    beats = [
+        Progress(step=2, step_seconds=0.1, compute_seconds=0.08, step_age=0.3, busy="save"),
+        Progress(step=2, waiting=0.2, step_age=1.5),
+        NodeHeartbeat(),
+    ]
+    assert [handled(report) for report in beats] == [(True, True)] * 3
+    assert handled(Progress(step=3)) == (False, False)  # a new committed step
+    assert not relearnt(driver.job, Progress(step=4, first_after_recovery=True))
+
+
+def _successor(view: dict, driver: Driver, *then: tuple[str, Report]) -> dict:
+    """The durable view of the job a new leader on node2 makes of ``view``, once ``then``
+    (process, report) reached it and its recovery moved on."""
+    job = restore(json.loads(json.dumps(view)), driver.config.hang_floor, driver.now)
+    take_over(job, driver.config, "node2", 2, "h:1", "h:2", driver.now, lambda _: "")
+    for process, report in then:
+        membership.report(job, process, report, driver.now)
+    recovery_steps.advance(job, driver.config, driver.now)
+    return durable_view(job)
+
+
+def test_a_recoverys_progress_is_learnt_again_by_a_new_leader(tmp_path):
+    """A survivor's halt and a phase done go unwritten when they act on nothing: a leader
+    taking over from the state before either makes the same job as from the state after,
+    once the survivor has halted again (it does on reaching the new leader)."""
+    driver = Driver(tmp_path)
+    driver.take(nodes.join_node(driver.job, "node1", driver.now))
+    for slot in (0, 1):
+        driver.join(f"worker{slot}", slot=slot, node="node1")
+        driver.report(f"worker{slot}", "max_steps", max_steps=5)
+        driver.report(f"worker{slot}", "progress", step=2)
+    driver.join("spare0", role="spare", node="node1")
+    driver.report("spare0", "ready")
+    driver.exit("worker1", -signal.SIGKILL)
+    driver.advance()
+    halted = Halted(generation=0, committed=2, in_flight=3, last_commit_t=999.5)
+    before = durable_view(driver.job)
+    assert relearnt(driver.job, halted)
+    assert driver.report("worker0", "halted", **_body(halted)) == []
+    after = durable_view(driver.job)
+    assert after != before
+    again = ("worker0", halted)
+    assert _successor(before, driver, again) == _successor(after, driver, again)
+
+    driver.advance()  # every survivor halted: the plan goes out
+    (planned,) = driver.events("recovery_planned")
+    done = PhaseDone(generation=planned["generation"], phase="comm_ready", t=driver.now)
+    before = durable_view(driver.job)
+    assert relearnt(driver.job, done)
+    assert driver.report("worker0", "phase", **_body(done)) == []
+    after = durable_view(driver.job)
+    assert after != before
+    assert _successor(before, driver, again) == _successor(after, driver, again)
+    # Not so a new committed step: a successor of the state before it would not know it.
+    before = durable_view(driver.job)
+    driver.report("worker0", "progress", step=3)
+    assert _successor(before, driver, again) != _successor(durable_view(driver.job), driver, again)
+
+
+def _body(report: Report) -> dict:
+    body = report.to_wire()
+    del body["kind"]
+    return body
 
 
 def test_a_deposed_leader_writes_nothing(tmp_path):

@@ -36,7 +36,7 @@ from torchrelay.control.health_intake import HealthIntake
 from torchrelay.control.job_view import describe_job
 from torchrelay.control.operator_side import OperatorSide
 from torchrelay.control.outbox import Outbox
-from torchrelay.control.persistence import StatePersister
+from torchrelay.control.persistence import StatePersister, relearnt
 from torchrelay.control.pool_side import PoolSide
 from torchrelay.control.protocol import (
     CopyOutcome,
@@ -192,10 +192,12 @@ class Controller(Coordinator, PoolSide, OperatorSide):
             finally:
                 self._cond.notify_all()
 
-    def _apply(self, actions: list[Action]) -> None:
+    def _apply(self, actions: list[Action], durable: bool = True) -> None:
         """Carry out ``actions`` once the state that decided them is durable (with a state
-        store); if it cannot be written, end the job instead of acting on it."""
-        if self._persister is not None and self._store_lost is None:
+        store); if it cannot be written, end the job instead of acting on it. ``durable``
+        False: the transition changed only what a leader learns again (see
+        :func:`persistence.relearnt`), and ``actions`` is empty."""
+        if durable and self._persister is not None and self._store_lost is None:
             try:
                 self._persister.save(self.job)
             except StoreError as exc:
@@ -271,7 +273,9 @@ class Controller(Coordinator, PoolSide, OperatorSide):
         report is answered with the worker's lease, the hang timeout (it stops on its own if
         it cannot get a heartbeat through)."""
         with self._transition():
-            self._apply(membership.report(self.job, process, message, time.time()))
+            again = relearnt(self.job, message)
+            actions = membership.report(self.job, process, message, time.time())
+            self._apply(actions, durable=bool(actions) or not again)
             if isinstance(message, Progress):
                 return Lease(hang_timeout=self.job.hang_timeout)
             return None
@@ -336,7 +340,7 @@ class Controller(Coordinator, PoolSide, OperatorSide):
         """A remote agent's heartbeat, a process exit it saw, the start of a chaos drill (see
         :func:`departures.node_report`), or the outcome of a copy (:func:`transparent.copied`)."""
         with self._transition():
-            now = time.time()
+            now, again = time.time(), relearnt(self.job, report)
             actions = departures.node_report(
                 self.job, self.config, node, report, now, self._output_tail
             )
@@ -344,7 +348,7 @@ class Controller(Coordinator, PoolSide, OperatorSide):
                 actions += self._health.readings(self.job, node, report.readings, now)
             if isinstance(report, CopyOutcome):
                 actions += transparent.copied(self.job, report.outcome(), node)
-            self._apply(actions)
+            self._apply(actions, durable=bool(actions) or not again)
 
     def health(self, node: str, readings: tuple[dict[str, Any], ...]) -> None:
         """One poll of the health readings of the controller's own node (see

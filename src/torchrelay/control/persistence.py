@@ -10,7 +10,9 @@ nothing: two controllers never both act.
 What is written is :meth:`JobState.to_dict` without what changes on every heartbeat and is
 re-learnt within a heartbeat by whoever leads (liveness timestamps, step timings, per-channel
 step claims, each member's last reported step; ``highest_committed`` stays). A transition that
-changed none of the rest writes nothing, so steady training costs one write per committed step.
+changed none of the rest writes nothing, so steady training costs one write per committed step;
+a heartbeat, or a report of a recovery's progress that acts on nothing, is not even compared
+(:func:`relearnt`).
 
 Failure behaviour: :meth:`StatePersister.save` raises :class:`StoreError` (one line) when the
 store does not answer, when the lead was lost, or when someone else wrote the state; the
@@ -27,6 +29,14 @@ from typing import Any
 
 from torchrelay.control import endpoint
 from torchrelay.control.endpoint import Endpoint
+from torchrelay.control.protocol import (
+    Halted,
+    NodeHeartbeat,
+    NodeReport,
+    PhaseDone,
+    Progress,
+    Report,
+)
 from torchrelay.control.state import ENDED, JobPhase, JobState
 from torchrelay.control.store import (
     Leadership,
@@ -69,6 +79,24 @@ def durable_view(job: JobState) -> dict[str, Any]:
     for node in data["nodes"].values():
         node.pop("last_seen", None)
     return data
+
+
+def relearnt(job: JobState, message: Report | NodeReport) -> bool:
+    """Whether handling ``message`` (not yet handled) changes only what a leader learns again,
+    so that a transition that then acts on nothing needs no write (the next one that acts
+    writes the whole state, this change included):
+
+    - what :func:`durable_view` leaves out: a node's heartbeat, or a process's progress report
+      of a step the job has committed already;
+    - the progress of the recovery in flight: a survivor's halt or a phase done. A new leader
+      asks the survivors to halt again and plans anew (:mod:`torchrelay.control.takeover`).
+
+    Building the view to compare costs O(members), ~20 ms at 1,024 of them, under the
+    controller's lock; every process heartbeats twice a second and reports 4 times per
+    recovery."""
+    if isinstance(message, NodeHeartbeat | Halted | PhaseDone):
+        return True
+    return isinstance(message, Progress) and message.step <= job.highest_committed
 
 
 def restore(data: dict[str, Any], hang_timeout: float, now: float) -> JobState:
