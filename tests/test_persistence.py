@@ -58,6 +58,11 @@ def test_a_decision_is_written_and_heartbeats_are_not(tmp_path):
     assert later > revision and state["members"]["worker1"]["state"] == "dead"
 
 
+def _view(job) -> dict:
+    """The durable view as stored: a snapshot, whatever changes in ``job`` afterwards."""
+    return json.loads(json.dumps(durable_view(job)))
+
+
 def test_a_heartbeat_changes_nothing_durable(tmp_path):
     """The controller skips the durable view entirely for a heartbeat (``relearnt``), so a
     heartbeat must leave the view as it was; a new committed step changes it."""
@@ -67,14 +72,14 @@ def test_a_heartbeat_changes_nothing_durable(tmp_path):
 
     def handled(report) -> tuple[bool, bool]:
         """(classed a heartbeat, the durable view unchanged) for one report."""
-        before, classed = durable_view(driver.job), relearnt(driver.job, report)
+        before, classed = _view(driver.job), relearnt(driver.job, report)
         driver.now += 0.5
         if isinstance(report, NodeHeartbeat):
             departures.node_report(driver.job, driver.config, "node1", report, driver.now, str)
         else:
             body = report.to_wire()
             driver.report("worker0", body.pop("kind"), **body)
-        return classed, durable_view(driver.job) == before
+        return classed, _view(driver.job) == before
 
     beats = [
         Progress(step=2, step_seconds=0.1, compute_seconds=0.08, step_age=0.3, busy="save"),
@@ -89,12 +94,12 @@ def test_a_heartbeat_changes_nothing_durable(tmp_path):
 def _successor(view: dict, driver: Driver, *then: tuple[str, Report]) -> dict:
     """The durable view of the job a new leader on node2 makes of ``view``, once ``then``
     (process, report) reached it and its recovery moved on."""
-    job = restore(json.loads(json.dumps(view)), driver.config.hang_floor, driver.now)
+    job = restore(view, driver.config.hang_floor, driver.now)
     take_over(job, driver.config, "node2", 2, "h:1", "h:2", driver.now, lambda _: "")
     for process, report in then:
         membership.report(job, process, report, driver.now)
     recovery_steps.advance(job, driver.config, driver.now)
-    return durable_view(job)
+    return _view(job)
 
 
 def test_a_recoverys_progress_is_learnt_again_by_a_new_leader(tmp_path):
@@ -112,10 +117,10 @@ def test_a_recoverys_progress_is_learnt_again_by_a_new_leader(tmp_path):
     driver.exit("worker1", -signal.SIGKILL)
     driver.advance()
     halted = Halted(generation=0, committed=2, in_flight=3, last_commit_t=999.5)
-    before = durable_view(driver.job)
+    before = _view(driver.job)
     assert relearnt(driver.job, halted)
     assert driver.report("worker0", "halted", **_body(halted)) == []
-    after = durable_view(driver.job)
+    after = _view(driver.job)
     assert after != before
     again = ("worker0", halted)
     assert _successor(before, driver, again) == _successor(after, driver, again)
@@ -123,16 +128,16 @@ def test_a_recoverys_progress_is_learnt_again_by_a_new_leader(tmp_path):
     driver.advance()  # every survivor halted: the plan goes out
     (planned,) = driver.events("recovery_planned")
     done = PhaseDone(generation=planned["generation"], phase="comm_ready", t=driver.now)
-    before = durable_view(driver.job)
+    before = _view(driver.job)
     assert relearnt(driver.job, done)
     assert driver.report("worker0", "phase", **_body(done)) == []
-    after = durable_view(driver.job)
+    after = _view(driver.job)
     assert after != before
     assert _successor(before, driver, again) == _successor(after, driver, again)
     # Not so a new committed step: a successor of the state before it would not know it.
-    before = durable_view(driver.job)
+    before = _view(driver.job)
     driver.report("worker0", "progress", step=3)
-    assert _successor(before, driver, again) != _successor(durable_view(driver.job), driver, again)
+    assert _successor(before, driver, again) != _successor(_view(driver.job), driver, again)
 
 
 def _body(report: Report) -> dict:

@@ -7,12 +7,18 @@ from __future__ import annotations
 import base64
 import json
 import threading
+import zlib
 from collections.abc import Callable, Iterator
 
 import etcd3gw
 import pytest
 
 from tests.etcd import require_etcd, start_etcd
+from torchrelay.config import JobConfig
+from torchrelay.control import membership
+from torchrelay.control.persistence import durable_view, lead
+from torchrelay.control.protocol import JoinRequest
+from torchrelay.control.state import JobState
 from torchrelay.control.store import (
     ElectionTimeout,
     NotLeader,
@@ -143,6 +149,30 @@ def test_a_deposed_leaders_fenced_write_is_refused(connect):
     second.resign()
 
 
+def test_a_16384_rank_jobs_state_is_stored_and_read_back(connect, tmp_path):
+    """Its JSON is 4.4 MB, over etcd's default 1.5 MiB request limit: stored deflated."""
+    config = JobConfig("t.py", [], nproc_per_node=8, run_dir=tmp_path, nnodes=2048, spares=0)
+    job = JobState(local_node="node0", hang_timeout=10.0)
+    for rank in range(config.world_size):
+        request = JoinRequest(role="worker", pid=rank + 2, node=f"node{rank // 8}", slot=rank)
+        membership.join(job, config, f"worker{rank}", request, 1000.0)
+    persister = lead(connect(), TOKEN, "me")
+    persister.save(job)
+    view = json.dumps(durable_view(job), sort_keys=True, separators=(",", ":"))
+    assert len(view) > 4_000_000
+    stored, _ = SealedStore(connect(), TOKEN).get_state()  # as a successor reads it
+    assert stored is not None and json.loads(stored) == json.loads(view)
+
+
+def test_a_state_stored_by_an_earlier_version_still_opens(connect):
+    """Stored whole, not deflated, as before 2026-12-07 (a job that ended in this prefix)."""
+    backend = connect()
+    backend.set_state(
+        seal({"state": base64.b64encode(b'{"phase": "succeeded"}').decode()}, TOKEN), 0
+    )
+    assert SealedStore(connect(), TOKEN).get_state()[0] == b'{"phase": "succeeded"}'
+
+
 def test_tampered_value_written_with_the_client_is_refused(tmp_path):
     require_etcd()
     server = start_etcd(tmp_path / "etcd")
@@ -157,7 +187,9 @@ def test_tampered_value_written_with_the_client_is_refused(tmp_path):
         # sealed with a guessed token, and bytes that are not sealed: all refused.
         mac, _, payload = raw.partition(b".")
         envelope = json.loads(payload)
-        envelope["body"]["state"] = base64.b64encode(b'{"generation": 4}').decode()
+        envelope["body"]["deflated"] = base64.b64encode(
+            zlib.compress(b'{"generation": 4}')
+        ).decode()
         client.put(backend.state_key, mac + b"." + json.dumps(envelope).encode())
         with pytest.raises(StateTampered, match="revision"):
             store.get_state()

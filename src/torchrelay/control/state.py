@@ -148,7 +148,10 @@ class Member:
     device: int | None = None  # the device index its agent gave it (LOCAL_RANK)
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
+        """Its fields as plain data, shallow (its dicts are the member's own): the durable
+        state serializes it at once, and deep copies of every member were most of the cost
+        of writing a large job's state (docs/benchmarks.md)."""
+        data = {name: getattr(self, name) for name in _MEMBER_FIELDS}
         data.update(role=self.role.value, state=self.state.value, detection=self.detection.value)
         return data
 
@@ -158,6 +161,9 @@ class Member:
         member.role, member.state = Role(data["role"]), MemberState(data["state"])
         member.detection = Detection(data["detection"])
         return member
+
+
+_MEMBER_FIELDS = tuple(f.name for f in fields(Member))
 
 
 @dataclass
