@@ -195,8 +195,8 @@ class Controller(Coordinator, PoolSide, OperatorSide):
     def _apply(self, actions: list[Action], durable: bool = True) -> None:
         """Carry out ``actions`` once the state that decided them is durable (with a state
         store); if it cannot be written, end the job instead of acting on it. ``durable``
-        False: the transition changed only what a leader learns again (see
-        :func:`persistence.relearnt`), and ``actions`` is empty."""
+        False (``actions`` is then empty): the transition changed only what a successor learns
+        or decides again (see :func:`persistence.relearnt`), so nothing needs writing yet."""
         if durable and self._persister is not None and self._store_lost is None:
             try:
                 self._persister.save(self.job)

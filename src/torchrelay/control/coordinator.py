@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 from torchrelay.config import JobConfig
 from torchrelay.control import endings, liveness
@@ -17,6 +18,12 @@ from torchrelay.control.actions import Action
 from torchrelay.control.persistence import StatePersister
 from torchrelay.control.recovery_steps import advance
 from torchrelay.control.state import JobState
+
+
+class Apply(Protocol):
+    """``Controller._apply``: carry out actions once the state that decided them is durable."""
+
+    def __call__(self, actions: list[Action], durable: bool = True) -> None: ...
 
 
 class Coordinator:
@@ -28,7 +35,7 @@ class Coordinator:
     _recovery_thread: threading.Thread | None
     _persister: StatePersister | None
     _store_lost: str | None
-    _apply: Callable[[list[Action]], None]
+    _apply: Apply
     _lose_store: Callable[[str], None]
     _output_tail: Callable[[str], str]
 
@@ -74,7 +81,10 @@ class Coordinator:
             with self._cond:
                 while True:
                     actions, wake = advance(self.job, self.config, time.time())
-                    self._apply(actions)
+                    # It wakes on every transition, heartbeats included: a look that decides
+                    # nothing is not written (a successor takes the same step from the state
+                    # written before), or each heartbeat would cost a write of the state.
+                    self._apply(actions, durable=bool(actions))
                     self._cond.notify_all()
                     if wake is None:
                         self._recovery_thread = None
