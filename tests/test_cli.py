@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from tests.jobs import cli
+from torchrelay.agent.fallback import resume_command
 from torchrelay.cli.main import build_parser
 from torchrelay.cli.run import config_from_args
 from torchrelay.ledger import Ledger
@@ -116,3 +119,38 @@ def test_report_json_has_the_documented_fields(tmp_path):
     assert failure["bytes_transferred"] == 1000
     assert sum(failure["phases"].values()) == pytest.approx(0.5)
     assert "recovered in 0.50 s" in cli("report", str(tmp_path)).stdout
+
+
+CHECKPOINTS = ["--checkpoint-dir", "c", "--checkpoint-every", "5"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (
+            ["-r", "3", *CHECKPOINTS],
+            "-r 3 --checkpoint-dir c --checkpoint-every 5 --run-dir runs/x",
+        ),
+        (
+            ["--run-dir", "r", "--resume", *CHECKPOINTS],
+            "--run-dir r --checkpoint-dir c --checkpoint-every 5",
+        ),
+        (["--run-dir=r"], "--run-dir=r"),
+        (["--log-dir", "logs", "--tee", "3"], "--tee 3 --run-dir runs/x"),
+        (
+            ["--log_dir=logs", *CHECKPOINTS],
+            "--checkpoint-dir c --checkpoint-every 5 --run-dir runs/x",
+        ),
+    ],
+)
+def test_the_resume_command_names_the_jobs_run_directory(flags, named):
+    """What a failed job with a checkpoint tells the user to run: its own command, plus
+    ``--resume`` and, where it had no ``--run-dir``, the one it ran in (``--resume`` needs it);
+    the script's own arguments stay as they were."""
+    entry = ["train.py", "--log-dir", "tb"]
+    command = resume_command(Path("runs/x"), flags, entry)
+    assert command == f"torchrelay run --resume {named} train.py --log-dir tb"
+    if "--checkpoint-dir" in flags:  # the command runs as it reads
+        config = config_from_args(build_parser().parse_args(shlex.split(command)[1:]), {})
+        assert config.script_args == ["--log-dir", "tb"]
+        assert config.run_dir == Path("r" if "r" in flags else "runs/x")

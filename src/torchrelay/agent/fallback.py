@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import shlex
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from torchrelay import checkpoints as layout
@@ -54,17 +55,49 @@ def next_attempt(
     )
 
 
-def resume_hint(config: JobConfig, argv: Sequence[str]) -> str | None:
+def resume_hint(config: JobConfig, flags: Sequence[str], entry: Sequence[str]) -> str | None:
     """For a failed job with a complete checkpoint: the line naming the ``--resume`` command
-    (``argv``: this command's arguments after ``torchrelay``, starting with ``run``)."""
+    (see :func:`resume_command`)."""
     if config.checkpoint_dir is None:
         return None
     choice = layout.choose(config.checkpoint_dir)
     if choice.manifest is None:
         return None
-    kept = [a for a in argv if a != "--resume"]
-    command = shlex.join(["torchrelay", *kept[:1], "--resume", *kept[1:]])
     return (
         f"torchrelay: the newest complete checkpoint is step {choice.manifest.step} "
-        f"({choice.directory}); go on from it with: {command}"
+        f"({choice.directory}); go on from it with: "
+        f"{resume_command(config.run_dir, flags, entry)}"
     )
+
+
+RUN_DIR_FLAGS = ("--run-dir",)
+LOG_DIR_FLAGS = ("--log-dir", "--log_dir")
+
+
+def resume_command(run_dir: Path, flags: Sequence[str], entry: Sequence[str]) -> str:
+    """The command that goes on with the job of ``run_dir``: ``torchrelay run --resume`` with
+    this command's launcher ``flags`` and ``entry`` (the script and its arguments). Where no
+    ``--run-dir`` was given (the default one, or one made under ``--log-dir``), it is named,
+    and ``--log-dir`` left out (the two do not go together): ``--resume`` needs it."""
+    kept = [flag for flag in flags if flag != "--resume"]
+    if not _given(kept, RUN_DIR_FLAGS):
+        kept = [*_without(kept, LOG_DIR_FLAGS), "--run-dir", str(run_dir)]
+    return shlex.join(["torchrelay", "run", "--resume", *kept, *entry])
+
+
+def _given(flags: Sequence[str], names: tuple[str, ...]) -> bool:
+    return any(flag in names or flag.startswith(tuple(f"{n}=" for n in names)) for flag in flags)
+
+
+def _without(flags: Sequence[str], names: tuple[str, ...]) -> list[str]:
+    """``flags`` less ``NAME VALUE`` and ``NAME=VALUE`` for each of ``names``."""
+    kept: list[str] = []
+    value_next = False
+    for flag in flags:
+        if value_next:
+            value_next = False
+        elif flag in names:
+            value_next = True
+        elif not _given([flag], names):
+            kept.append(flag)
+    return kept

@@ -355,7 +355,8 @@ def run(args: argparse.Namespace) -> int:
         if outcome.get("traceback"):
             print(outcome["traceback"], flush=True)
         print(f"torchrelay: job failed: {outcome['reason']}", flush=True)
-        hint = resume_hint(config, sys.argv[1:])
+        entry = [args.script, *args.script_args]  # the end of the command line, as given
+        hint = resume_hint(config, sys.argv[2 : len(sys.argv) - len(entry)], entry)
         # A resume that failed before its first step would only be told to resume again.
         if hint is not None and (config.resume is None or outcome.get("steps_committed")):
             print(hint, flush=True)
