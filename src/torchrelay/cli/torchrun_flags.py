@@ -15,6 +15,10 @@ refused in one line that says what to use instead.
   there).
 - ``--rdzv-id``: the job's id, given to the script as ``TORCHELASTIC_RUN_ID``, as torchrun does.
 - ``-m``/``--module``: SCRIPT is a module, run as ``python -m SCRIPT``.
+- ``--monitor-interval`` and ``--start-method`` are taken and change nothing: an exit is seen
+  as ``waitpid`` returns, and a script is a process of its own under both launchers.
+- ``--no-python``, ``--run-path`` and ``--rdzv-conf`` are refused with the reason
+  (:data:`REFUSED`); the output flags are :mod:`torchrelay.cli.torchrun_output`'s.
 """
 
 from __future__ import annotations
