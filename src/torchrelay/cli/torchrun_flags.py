@@ -123,6 +123,7 @@ def add_flags(p: argparse.ArgumentParser) -> None:
         dest="monitor_interval",
         type=float,
         default=None,
+        metavar="SECONDS",
         help="as in torchrun; no effect: an exit is seen as waitpid returns, a hang by its "
         "heartbeats (--hang-floor)",
     )

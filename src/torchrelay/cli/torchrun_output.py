@@ -66,6 +66,7 @@ def add_flags(p: argparse.ArgumentParser) -> None:
         dest="log_dir",
         type=Path,
         default=None,
+        metavar="DIR",
         help="as in torchrun: each run's directory (ledger, logs/) goes under DIR, not runs/",
     )
     p.add_argument(
@@ -73,6 +74,7 @@ def add_flags(p: argparse.ArgumentParser) -> None:
         "--redirects",
         type=streams,
         default=0,
+        metavar="N",
         help="as in torchrun: 3 (or LOCAL_RANK:3,...) keeps that output in the logs only; "
         "stdout and stderr are one stream here",
     )
@@ -81,6 +83,7 @@ def add_flags(p: argparse.ArgumentParser) -> None:
         "--tee",
         type=streams,
         default=0,
+        metavar="N",
         help="as in torchrun: accepted; output is always in RUN_DIR/logs/ and, unless "
         "redirected, on the console",
     )
@@ -90,11 +93,13 @@ def add_flags(p: argparse.ArgumentParser) -> None:
         dest="local_ranks_filter",
         type=local_ranks,
         default=None,
+        metavar="RANKS",
         help="as in torchrun: show only these local ranks' output on the console (e.g. 0)",
     )
     p.add_argument(
         "--role",
         default="default",
+        metavar="NAME",
         help="as in torchrun: the workers' ROLE_NAME (default: default)",
     )
 
