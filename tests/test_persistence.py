@@ -10,7 +10,7 @@ import signal
 import pytest
 
 from tests.fsm import Driver, join_to
-from torchrelay.control import departures, membership, nodes, recovery_steps
+from torchrelay.control import departures, liveness, membership, nodes, recovery_steps
 from torchrelay.control.controller import Controller
 from torchrelay.control.persistence import StatePersister, durable_view, lead, relearnt, restore
 from torchrelay.control.protocol import Halted, NodeHeartbeat, PhaseDone, Progress, Report
@@ -89,6 +89,22 @@ def test_a_heartbeat_changes_nothing_durable(tmp_path):
     assert [handled(report) for report in beats] == [(True, True)] * 3
     assert handled(Progress(step=3)) == (False, False)  # a new committed step
     assert not relearnt(driver.job, Progress(step=4, first_after_recovery=True))
+
+
+def test_a_monitor_round_that_finds_nothing_changes_nothing_durable(tmp_path):
+    """The monitor skips the durable view for a round without actions (every 0.25 s)."""
+    driver = Driver(tmp_path)
+    driver.start(steps=2)
+    for process, seconds in (("worker0", 0.1), ("worker1", 0.5)):  # worker1 lags 5x
+        driver.report(process, "progress", step=2, step_seconds=seconds, compute_seconds=seconds)
+    rounds = []
+    for _ in range(3):
+        before = _view(driver.job)
+        driver.now += 0.25
+        actions = liveness.tick(driver.job, driver.config, driver.now, lambda _: "")
+        rounds.append((bool(actions), _view(driver.job) == before))
+    assert rounds == [(True, False), (False, True), (False, True)]  # the straggler, then none
+    assert driver.job.straggler_rounds["worker1"] == 3
 
 
 def _successor(view: dict, driver: Driver, *then: tuple[str, Report]) -> dict:

@@ -64,7 +64,11 @@ class Coordinator:
                     self._lose_store(f"this controller's lead on {persister.where} ran out")
                     self._cond.notify_all()
                     continue
-                self._apply(liveness.tick(self.job, self.config, time.time(), self._output_tail))
+                actions = liveness.tick(self.job, self.config, time.time(), self._output_tail)
+                # A round that finds nothing changes only what the durable state leaves out
+                # (the hang timeout, straggler round counts): no O(members) view 4 times a
+                # second.
+                self._apply(actions, durable=bool(actions))
                 self._cond.notify_all()
 
     def _kick_recovery(self) -> None:

@@ -11,8 +11,8 @@ What is written is :meth:`JobState.to_dict` without what changes on every heartb
 re-learnt within a heartbeat by whoever leads (liveness timestamps, step timings, per-channel
 step claims, each member's last reported step; ``highest_committed`` stays). A transition that
 changed none of the rest writes nothing, so steady training costs one write per committed step;
-a heartbeat, or a report of a recovery's progress that acts on nothing, is not even compared
-(:func:`relearnt`).
+a heartbeat, a report of a recovery's progress that acts on nothing (:func:`relearnt`), and a
+recovery or monitor round that acts on nothing are not even compared.
 
 Failure behaviour: :meth:`StatePersister.save` raises :class:`StoreError` (one line) when the
 store does not answer, when the lead was lost, or when someone else wrote the state; the
