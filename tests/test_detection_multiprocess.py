@@ -103,12 +103,12 @@ def test_death_inside_the_first_rendezvous_is_recovered(tmp_path, reference_weig
 
 
 def test_losing_the_last_replica_stops_with_a_clear_reason(tmp_path):
+    """Rank 0 dies in step 3, and rank 1, its only replica, during the transfer that follows.
+    Rank 1 halts having committed step 2, or under load step 1 (its commit of step 2 may not
+    have come yet), so that recovery resumes at step 3 or 2: a kill waits at each."""
+    during_transfer = ("kill:rank=1:step=2:phase=transfer", "kill:rank=1:step=3:phase=transfer")
     job = run_job(
-        tmp_path,
-        nproc=2,
-        spares=2,
-        steps=STEPS,
-        chaos=("kill:rank=0:step=3", "kill:rank=1:step=3:phase=transfer"),
+        tmp_path, nproc=2, spares=2, steps=STEPS, chaos=("kill:rank=0:step=3", *during_transfer)
     )
     assert job.returncode == 1
     end = [e for e in job.ledger() if e["event"] == "job_end"][-1]
