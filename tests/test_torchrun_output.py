@@ -129,7 +129,7 @@ def _shown(output: str) -> list[tuple[str, str]]:
     return [m.groups() for m in map(LINE.match, output.splitlines()) if m]  # type: ignore[misc]
 
 
-def _on_console(out: Path, flags: tuple[str, ...], **options) -> subprocess.CompletedProcess:
+def _console_job(out: Path, flags: tuple[str, ...], **options) -> subprocess.CompletedProcess:
     """A job of ``tests/scripts/mlp_train.py --print-steps`` with its output on the console
     and ``flags`` for the launcher; its final weights go to ``out/final.pt``."""
     command = job_command(out, script_args=("--print-steps",), quiet=False, **options)
@@ -147,7 +147,7 @@ def test_the_filtered_rank_stays_on_the_console_when_a_spare_takes_it_over(tmp_p
     assert reference.returncode == 0, reference.output
     flags = ("--local-ranks-filter", "0", "--role", "rank", "--tee", "3")
     options = {"nproc": 2, "spares": 1, "steps": 8, "chaos": ("kill:rank=0:step=4",)}
-    done = _on_console(tmp_path / "run", flags, **options)
+    done = _console_job(tmp_path / "run", flags, **options)
     job = JobResult(done.returncode, done.stdout + done.stderr, tmp_path / "run")
     assert job.returncode == 0, job.output
     shown = _shown(done.stdout)
@@ -167,7 +167,7 @@ def test_redirected_output_is_in_the_logs_only_under_log_dir(tmp_path):
     run directory made under DIR."""
     out, logs = tmp_path / "out", tmp_path / "logs"
     out.mkdir()
-    done = _on_console(out, ("-r", "3"), nproc=2, spares=1, steps=3)
+    done = _console_job(out, ("-r", "3"), nproc=2, spares=1, steps=3)
     assert done.returncode == 0, done.stdout + done.stderr
     command = job_command(
         out, nproc=2, spares=1, steps=3, script_args=("--print-steps",), quiet=False

@@ -192,14 +192,15 @@ class Controller(Coordinator, PoolSide, OperatorSide):
             finally:
                 self._cond.notify_all()
 
-    def _apply(self, actions: list[Action], durable: bool = True) -> None:
+    def _apply(self, actions: list[Action], unless_acting: bool = False) -> None:
         """Carry out ``actions`` once the state that decided them is durable (with a state
-        store); if it cannot be written, end the job instead of acting on it. ``durable``
-        False (``actions`` is then empty): the transition changed only what a successor learns
-        or decides again (see :func:`persistence.relearnt`), so nothing needs writing yet."""
-        if durable and self._persister is not None and self._store_lost is None:
+        store); if it cannot be written, end the job instead of acting on it.
+        ``unless_acting``: the transition changed only what a successor learns or decides
+        again (see :func:`persistence.relearnt`), so the state is written only if it acts."""
+        persister = self._persister if self._store_lost is None else None
+        if persister is not None and (actions or not unless_acting):
             try:
-                self._persister.save(self.job)
+                persister.save(self.job)
             except StoreError as exc:
                 self._lose_store(str(exc))
                 return
@@ -274,8 +275,7 @@ class Controller(Coordinator, PoolSide, OperatorSide):
         it cannot get a heartbeat through)."""
         with self._transition():
             again = relearnt(self.job, message)
-            actions = membership.report(self.job, process, message, time.time())
-            self._apply(actions, durable=bool(actions) or not again)
+            self._apply(membership.report(self.job, process, message, time.time()), again)
             if isinstance(message, Progress):
                 return Lease(hang_timeout=self.job.hang_timeout)
             return None
@@ -348,7 +348,7 @@ class Controller(Coordinator, PoolSide, OperatorSide):
                 actions += self._health.readings(self.job, node, report.readings, now)
             if isinstance(report, CopyOutcome):
                 actions += transparent.copied(self.job, report.outcome(), node)
-            self._apply(actions, durable=bool(actions) or not again)
+            self._apply(actions, again)
 
     def health(self, node: str, readings: tuple[dict[str, Any], ...]) -> None:
         """One poll of the health readings of the controller's own node (see

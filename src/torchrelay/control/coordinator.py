@@ -23,7 +23,7 @@ from torchrelay.control.state import JobState
 class Apply(Protocol):
     """``Controller._apply``: carry out actions once the state that decided them is durable."""
 
-    def __call__(self, actions: list[Action], durable: bool = True) -> None: ...
+    def __call__(self, actions: list[Action], unless_acting: bool = False) -> None: ...
 
 
 class Coordinator:
@@ -68,7 +68,7 @@ class Coordinator:
                 # A round that finds nothing changes only what the durable state leaves out
                 # (the hang timeout, straggler round counts): no O(members) view 4 times a
                 # second.
-                self._apply(actions, durable=bool(actions))
+                self._apply(actions, unless_acting=True)
                 self._cond.notify_all()
 
     def _kick_recovery(self) -> None:
@@ -88,7 +88,7 @@ class Coordinator:
                     # It wakes on every transition, heartbeats included: a look that decides
                     # nothing is not written (a successor takes the same step from the state
                     # written before), or each heartbeat would cost a write of the state.
-                    self._apply(actions, durable=bool(actions))
+                    self._apply(actions, unless_acting=True)
                     self._cond.notify_all()
                     if wake is None:
                         self._recovery_thread = None

@@ -91,9 +91,9 @@ def relearnt(job: JobState, message: Report | NodeReport) -> bool:
     - the progress of the recovery in flight: a survivor's halt or a phase done. A new leader
       asks the survivors to halt again and plans anew (:mod:`torchrelay.control.takeover`).
 
-    Building the view to compare costs O(members), ~20 ms at 1,024 of them, under the
-    controller's lock; every process heartbeats twice a second and reports 4 times per
-    recovery."""
+    Building the view to compare costs O(members), 84 ms with its JSON at 16,384 of them,
+    under the controller's lock; every process heartbeats twice a second and reports 4 times
+    per recovery."""
     if isinstance(message, NodeHeartbeat | Halted | PhaseDone):
         return True
     return isinstance(message, Progress) and message.step <= job.highest_committed
