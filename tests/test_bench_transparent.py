@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.transparent import ATTEMPTS, TORCH_TEARDOWN_ABORT, unless_torch_aborted
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -33,3 +35,21 @@ def test_one_pair_yields_ratios_and_the_hooks_timings(tmp_path: Path) -> None:
     # One boundary snapshot per step (taken before its first fetch), plus setup's.
     assert 30 <= hook["Boundary.take"]["calls"] <= 34
     assert hook["SlotStreams.record"]["calls"] == hook["Boundary.take"]["calls"]  # its mirror
+
+
+def _aborted(output: str) -> bool:
+    return TORCH_TEARDOWN_ABORT in output
+
+
+def test_a_run_is_tried_again_only_while_it_ends_in_torchs_teardown_abort() -> None:
+    tried: list[int] = []
+
+    def attempt(number: int) -> str:
+        tried.append(number)
+        return TORCH_TEARDOWN_ABORT if number < 2 else "a traceback"
+
+    assert unless_torch_aborted(attempt, _aborted) == "a traceback"
+    assert tried == [0, 1, 2]  # the other failure is not tried again
+    tried.clear()
+    assert unless_torch_aborted(lambda n: tried.append(n) or TORCH_TEARDOWN_ABORT, _aborted)
+    assert tried == list(range(ATTEMPTS))  # and an abort every time ends after ATTEMPTS

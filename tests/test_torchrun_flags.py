@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.transparent import ATTEMPTS, TORCH_TEARDOWN_ABORT
+from bench.transparent import TORCH_TEARDOWN_ABORT, unless_torch_aborted
 from tests.jobs import (
     SCRIPTS,
     JobResult,
@@ -131,14 +131,16 @@ def _env_seen(directory: Path) -> dict[str, dict[str, str | None]]:
 def _run_once(head: list[str], common: list[str], out: Path) -> subprocess.CompletedProcess:
     """The command line under ``head``; again (up to ATTEMPTS times) if its only fault was
     torch's teardown abort after the last step (pytorch#190489, under torchrun as here)."""
-    for attempt in range(ATTEMPTS):
-        run_dir = ["--run-dir", str(out / f"run{attempt}")] if "torchrelay.cli.main" in head else []
-        done = subprocess.run(
-            [*head, *run_dir, *common], cwd=REPO, capture_output=True, text=True, timeout=300
-        )
-        if done.returncode == 0 or TORCH_TEARDOWN_ABORT not in done.stdout + done.stderr:
-            break
-    return done
+
+    def attempt(number: int) -> subprocess.CompletedProcess:
+        run_dir = ["--run-dir", str(out / f"run{number}")] if "torchrelay.cli.main" in head else []
+        command = [*head, *run_dir, *common]
+        return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+
+    return unless_torch_aborted(
+        attempt,
+        lambda done: done.returncode != 0 and TORCH_TEARDOWN_ABORT in done.stdout + done.stderr,
+    )
 
 
 @pytest.mark.slow

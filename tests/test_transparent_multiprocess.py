@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.transparent import ATTEMPTS, TORCH_TEARDOWN_ABORT
+from bench.transparent import TORCH_TEARDOWN_ABORT, unless_torch_aborted
 from tests.etcd import free_port
 from tests.jobs import (
     SCRIPTS,
@@ -62,14 +62,16 @@ def torchrun(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Weights]
     def weights(script: str, *args: str) -> Weights:
         if (script, *args) not in done:
             out = tmp_path_factory.mktemp("torchrun") / "final.pt"
-            for _ in range(ATTEMPTS):
+
+            def attempt(_: int) -> subprocess.CompletedProcess:
                 command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
                 command += ["--master-port", str(free_port()), str(SCRIPTS / script), *args]
-                run = subprocess.run(
-                    [*command, "--out", str(out)], capture_output=True, text=True, timeout=300
-                )
-                if run.returncode == 0 or TORCH_TEARDOWN_ABORT not in run.stderr:
-                    break
+                command += ["--out", str(out)]
+                return subprocess.run(command, capture_output=True, text=True, timeout=300)
+
+            run = unless_torch_aborted(
+                attempt, lambda run: run.returncode != 0 and TORCH_TEARDOWN_ABORT in run.stderr
+            )
             assert run.returncode == 0, run.stdout + run.stderr
             done[(script, *args)] = torch.load(out, weights_only=True)
         return done[(script, *args)]
@@ -78,24 +80,27 @@ def torchrun(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Weights]
 
 
 def transparent_job(run_dir: Path, script: str, *args: str, chaos: str = "") -> JobResult:
-    """The job run under ``torchrelay run --transparent``; once more, in ``run_dir``-1, -2, if
+    """The job run under ``torchrelay run --transparent``; once more, in ``run_dir``-1, -2 ..., if
     its only fault was torch's teardown abort after the last step (TORCH_TEARDOWN_ABORT).
     ``{run}`` in an argument is the attempt's run directory: a file the script writes for
     itself (its own snapshot, which it would resume from) must not outlive the attempt."""
     require_criu()  # --transparent refuses to start without it
-    for attempt in range(ATTEMPTS):
-        directory = run_dir.with_name(f"{run_dir.name}-{attempt}") if attempt else run_dir
+
+    def attempt(number: int) -> JobResult:
+        directory = run_dir.with_name(f"{run_dir.name}-{number}") if number else run_dir
         command = [sys.executable, "-m", "torchrelay.cli.main", "run", "--transparent"]
         command += ["--nproc-per-node", "2", "--spares", "0", "--run-dir", str(directory)]
         command += [f"--chaos={chaos}"] * bool(chaos)
         own = [arg.replace("{run}", str(directory)) for arg in args]
         command += [str(SCRIPTS / script), *own, "--out", str(directory / "final.pt")]
         done = subprocess.run(command, capture_output=True, text=True, timeout=300)
-        job = JobResult(done.returncode, done.stdout + done.stderr, directory)
-        torch_teardown = TORCH_TEARDOWN_ABORT in job.output and "after its last step" in job.output
-        if job.returncode == 0 or not torch_teardown:
-            break
-    return job
+        return JobResult(done.returncode, done.stdout + done.stderr, directory)
+
+    def aborted(job: JobResult) -> bool:
+        teardown = TORCH_TEARDOWN_ABORT in job.output and "after its last step" in job.output
+        return job.returncode != 0 and teardown
+
+    return unless_torch_aborted(attempt, aborted)
 
 
 def test_unmodified_script_runs_as_under_torchrun(tmp_path, torchrun) -> None:
