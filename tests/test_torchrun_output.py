@@ -22,7 +22,14 @@ from tests.jobs import (
     start_node,
 )
 from tests.test_slurm import step_env
-from torchrelay.agent.console import Console, Seats, on_console, prefix, worker_slot
+from torchrelay.agent.console import (
+    HELD_LINES,
+    Console,
+    Seats,
+    on_console,
+    prefix,
+    worker_slot,
+)
 from torchrelay.agent.torchrun_env import torchrun_environment
 from torchrelay.cli.main import build_parser
 from torchrelay.cli.run import config_from_args
@@ -64,9 +71,37 @@ def test_the_console_prints_whole_lines_of_the_ranks_shown(capsys):
     console = Console(2, frozenset({0}), seats.of)
     for process, line in (("worker0", b"a\n"), ("worker1", b"b\n"), ("spare0", b"c\n")):
         console.show(process, line)
+    assert capsys.readouterr().out == "[rank0]:a\n"  # spare0's line waits for its slot
     seats.take("spare0", 2)
     console.show("spare0", b"d\n")
-    assert capsys.readouterr().out == "[rank0]:a\n[rank2<spare0]:d\n"
+    assert capsys.readouterr().out == "[rank2<spare0]:c\n[rank2<spare0]:d\n"
+
+
+def test_a_spares_lines_wait_for_its_slot_and_go_where_that_slot_goes(capsys):
+    """On another node a replacement's first lines can come before the ``seated`` notice: they
+    are held, shown as the notice comes if the slot is shown, else dropped."""
+    seats = Seats()
+    console = Console(2, frozenset({0}), seats.of)
+    for process in ("spare0", "spare1", "spare2"):
+        console.show(process, f"{process} first\n".encode())
+    console.release("spare0")  # no slot yet: still held
+    assert capsys.readouterr().out == ""
+    seats.take("spare0", 2)  # node 1's local rank 0: shown
+    console.release("spare0")
+    assert capsys.readouterr().out == "[rank2<spare0]:spare0 first\n"
+    seats.take("spare1", 3)  # local rank 1: filtered out
+    console.release("spare1")
+    console.show("spare1", b"later\n")
+    console.ended("spare2")  # dismissed without a slot
+    seats.take("spare2", 2)
+    console.show("spare2", b"as rank 2\n")
+    assert capsys.readouterr().out == "[rank2<spare2]:as rank 2\n"
+    for number in range(HELD_LINES + 5):  # a spare that never stops talking holds a bounded tail
+        console.show("spare3", b"%d\n" % number)
+    seats.take("spare3", 0)
+    console.release("spare3")
+    shown = capsys.readouterr().out.splitlines()
+    assert shown[0] == "[rank0<spare3]:5" and len(shown) == HELD_LINES
 
 
 @pytest.mark.parametrize(

@@ -63,7 +63,7 @@ class NodeAgent(Copying):
         self._template_failed = False  # said once, then processes are spawned plainly
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
-        self._console = console.Console(config.nproc_per_node, config.console_ranks, seat)
+        self.console = console.Console(config.nproc_per_node, config.console_ranks, seat)
         self._spare_count = 0
         self._local_index: dict[str, int] = {}  # LOCAL_RANK (the GPU, on GPU nodes) by process
         self._stopping = False
@@ -250,7 +250,7 @@ class NodeAgent(Copying):
             if self._stopping:
                 return None
             self._template_failed = True
-            with self._console.lock:
+            with self.console.lock:
                 print(f"torchrelay: spares start as fresh processes: {exc}", file=sys.stderr)
             return None
 
@@ -281,7 +281,8 @@ class NodeAgent(Copying):
                 log.write(raw)
                 log.flush()
                 self._stack_dumps.read(process, raw)
-                self._console.show(process, raw)
+                self.console.show(process, raw)
+        self.console.ended(process)
 
     # ------------------------------------------------------------------ fence / stop
     def pid(self, process: str) -> int | None:

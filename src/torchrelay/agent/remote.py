@@ -180,6 +180,7 @@ class RemoteNode:
                     copying.start()
                 elif isinstance(command, Seated):
                     self.seats.take(command.process, command.slot)
+                    self.agent.console.release(command.process)
                 elif isinstance(command, FinishNode):
                     self._finished = True
                     if command.joined is not None:
