@@ -126,7 +126,7 @@ def test_stale_generation_is_fenced_after_recovery(job):
     assert controller.wait_until(lambda: controller.generation == 1, timeout=10)
 
     plan = next(m for m in iter(spare.watch()) if isinstance(m, Plan))
-    assert plan.slot == 1 and plan.target_step == 4 and plan.sources == (0,)
+    assert plan.slot == 1 and plan.target_step == 4 and plan.sources == ((0, 0),)
     assert agent.fenced == ["worker1"] and agent.spares_started == 0  # not while it recovers
 
     with pytest.raises(ControlError) as err:  # the old worker 1 comes back

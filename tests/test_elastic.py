@@ -63,8 +63,9 @@ def test_a_lost_slot_with_no_spare_is_hosted_by_a_survivor_and_nothing_is_lost(t
     assert shrunk["slots"] == [1] and shrunk["hosts"] == {"1": 0} and shrunk["processes"] == 2
     assert shrunk["target_step"] == 10 and "rank 1" in shrunk["reason"]
     (plan,) = [m for m in driver.sent("worker2") if m["type"] == "plan"]
-    assert plan["assignments"] == {"0": "worker0", "2": "worker2"}
-    assert plan["hosted"] == {"1": 0} and plan["receivers"] == [] and plan["sources"] == [0, 2]
+    assert plan["members"] == [(0, 0), (2, 2)]  # runs of slots
+    assert plan["hosted"] == {"1": 0} and plan["receivers"] == []
+    assert plan["sources"] == [(0, 0), (2, 2)]
     assert driver.job.hosted == {1: 0} and 1 not in driver.job.assignments
     driver.now += 1
     for s in (0, 2):

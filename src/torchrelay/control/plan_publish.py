@@ -20,6 +20,7 @@ from torchrelay.control.planner import (
     plan_recovery,
 )
 from torchrelay.control.protocol import Plan, Seated
+from torchrelay.control.slot_runs import runs
 from torchrelay.control.spares import ready_spares
 from torchrelay.control.state import (
     JobState,
@@ -80,7 +81,8 @@ def announce(
     for slot in plan.replaced:
         job.hosted.pop(slot, None)  # a regrown slot runs on its own process again
     job.recovery.failed.clear()
-    assignments = {str(k): v for k, v in plan.assignments.items()}
+    # The same runs for every member: O(failed slots) each, not O(ranks).
+    members, sources = runs(plan.assignments), runs(plan.sources)
     actions: list[Action] = []
     for slot, process in plan.assignments.items():
         member = job.members[process]
@@ -95,9 +97,9 @@ def announce(
         message = Plan(
             generation=plan.generation,
             target_step=plan.target_step,
-            sources=tuple(plan.sources),
+            sources=sources,
             receivers=tuple(plan.receivers),
-            assignments=assignments,
+            members=members,
             slot=slot,
             chaos=tuple(chaos_for(job, slot)),
             store=job.store or None,

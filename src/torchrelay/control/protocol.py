@@ -60,6 +60,7 @@ from torchrelay.control.protocol_base import (
     decode_family,
     member_generation,
 )
+from torchrelay.control.slot_runs import check as check_runs
 from torchrelay.typed import at_least, optional, registry, step
 
 ROLES = ("worker", "spare")
@@ -224,23 +225,32 @@ class Abort(Message):
 
 @dataclass(frozen=True, kw_only=True)
 class Plan(Message):
-    """Enter ``generation`` as ``slot``: sources send the state at ``target_step`` to the
-    receivers; ``chaos``: the slot's pending chaos events; ``store``: the rendezvous store
-    (``host:port``) to meet in, when it is not the one the process started with (a new
-    leader serves its own)."""
+    """Enter ``generation`` as ``slot``, one of ``members``: ``sources`` send the state at
+    ``target_step`` to the receivers; ``chaos``: the slot's pending chaos events; ``store``:
+    the rendezvous store (``host:port``) to meet in, when it is not the one the process
+    started with (a new leader serves its own). ``members`` and ``sources`` are runs of slots
+    (:mod:`torchrelay.control.slot_runs`): every member gets a plan."""
 
     TAG: ClassVar[str] = "plan"
     generation: int = at_least(0, GENERATION)
     target_step: int = step()
-    sources: tuple[int, ...]
+    sources: tuple[tuple[int, ...], ...]
     receivers: tuple[int, ...]
-    assignments: dict[str, str]
+    members: tuple[tuple[int, ...], ...]
     slot: int = at_least(0, "a slot (an integer >= 0)")
     chaos: tuple[dict[str, Any], ...] = ()
     store: str | None = optional()
     # An --elastic job's hosted slots: virtual slot -> the slot whose process runs its
     # micro-batches too (the process group has one member per assigned slot only).
     hosted: dict[str, int] | None = optional()  # noqa: RUF009 (the default is None)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for field in ("members", "sources"):
+            try:
+                check_runs(getattr(self, field))
+            except ValueError as exc:
+                self._refuse(f"{field}: {exc}")
 
 
 @dataclass(frozen=True, kw_only=True)

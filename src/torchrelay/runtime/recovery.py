@@ -37,6 +37,7 @@ from torchrelay.control.protocol import (
     Report,
     Retire,
 )
+from torchrelay.control.slot_runs import expand
 from torchrelay.control.wire import WireError, seal, unseal
 from torchrelay.progress import ByteProgress
 from torchrelay.runtime.env import RelayEnv
@@ -261,7 +262,7 @@ class Recovery(GenerationEntry):
 
     def _enter(self, plan: Plan) -> None:
         generation, slot, target = plan.generation, plan.slot, plan.target_step
-        sources, receivers = list(plan.sources), list(plan.receivers)
+        sources, receivers = expand(plan.sources), list(plan.receivers)
         # A survivor's degraded hardware stays degraded: it keeps its own slow events.
         kept = [e for e in self._chaos if e.action == "slow"]
         handed = [ChaosEvent.from_dict(e) for e in plan.chaos]
@@ -271,7 +272,7 @@ class Recovery(GenerationEntry):
             host, _, port = plan.store.rpartition(":")
             self._store = dist.TCPStore(host, int(port), is_master=False, timeout=self._timeout)
             self._store_address = plan.store
-        members = tuple(sorted(int(s) for s in plan.assignments))
+        members = tuple(expand(plan.members))
         hosted = {int(v): host for v, host in (plan.hosted or {}).items()}
         self._agreement.planned(generation)
         self._bind(generation, slot, members, hosted, resuming=target + 1)
