@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,14 @@ def _rss_mib(pid: int) -> int:
     return int(_status(pid)["VmRSS"].split()[0]) // 1024
 
 
+def _wait_stopped(pid: int, timeout: float = 60.0) -> None:
+    """Until ``pid`` has taken its SIGSTOP: it shows ``R`` until it next gets a CPU."""
+    deadline = time.monotonic() + timeout
+    while not _status(pid)["State"].startswith("T"):
+        assert time.monotonic() < deadline, f"process {pid} did not stop within {timeout:g} s"
+        time.sleep(0.01)
+
+
 @pytest.mark.timeout(120)
 def test_a_killed_worker_is_reaped_and_its_sockets_close_before_its_memory_is_unmapped():
     require_built()
@@ -62,6 +71,7 @@ def test_a_killed_worker_is_reaped_and_its_sockets_close_before_its_memory_is_un
         assert int(fields[16]) == 19  # its unmapping yields to the recovery
 
         os.kill(holder, signal.SIGSTOP)  # it can neither exit nor unmap anything now
+        _wait_stopped(holder)  # at nice 19 beside a CPU hog, it may take a while to stop
         worker.kill()
         assert worker.wait(timeout=60) == -signal.SIGKILL  # reaped
         assert peer.recv(1) == b""  # its socket closed: the peer saw the end
