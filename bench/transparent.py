@@ -37,6 +37,11 @@ ATTEMPTS = 5
 Result = TypeVar("Result")
 
 
+def torch_aborted(returncode: int | None, output: str) -> bool:
+    """Whether a run that printed ``output`` failed with torch's teardown abort among its faults."""
+    return returncode != 0 and TORCH_TEARDOWN_ABORT in output
+
+
 def unless_torch_aborted(
     attempt: Callable[[int], Result], aborted: Callable[[Result], bool]
 ) -> Result:
@@ -81,7 +86,7 @@ def run_job(launcher: str, workdir: Path, steps: int, timeout_s: float) -> dict:
         return code, directory, (directory / "out.log").read_text(errors="replace")[-3000:]
 
     code, directory, output = unless_torch_aborted(
-        attempt, lambda done: done[0] != 0 and TORCH_TEARDOWN_ABORT in done[2]
+        attempt, lambda done: torch_aborted(done[0], done[2])
     )
     log = directory / "steps.json"
     if code != 0 or not log.is_file():

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.transparent import TORCH_TEARDOWN_ABORT, unless_torch_aborted
+from bench.transparent import torch_aborted, unless_torch_aborted
 from tests.jobs import (
     SCRIPTS,
     JobResult,
@@ -139,7 +139,7 @@ def _run_once(head: list[str], common: list[str], out: Path) -> subprocess.Compl
 
     return unless_torch_aborted(
         attempt,
-        lambda done: done.returncode != 0 and TORCH_TEARDOWN_ABORT in done.stdout + done.stderr,
+        lambda done: torch_aborted(done.returncode, done.stdout + done.stderr),
     )
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.transparent import TORCH_TEARDOWN_ABORT, unless_torch_aborted
+from bench.transparent import torch_aborted, unless_torch_aborted
 from tests.etcd import free_port
 from tests.jobs import (
     SCRIPTS,
@@ -70,7 +70,7 @@ def torchrun(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Weights]
                 return subprocess.run(command, capture_output=True, text=True, timeout=300)
 
             run = unless_torch_aborted(
-                attempt, lambda run: run.returncode != 0 and TORCH_TEARDOWN_ABORT in run.stderr
+                attempt, lambda run: torch_aborted(run.returncode, run.stderr)
             )
             assert run.returncode == 0, run.stdout + run.stderr
             done[(script, *args)] = torch.load(out, weights_only=True)
@@ -97,8 +97,7 @@ def transparent_job(run_dir: Path, script: str, *args: str, chaos: str = "") -> 
         return JobResult(done.returncode, done.stdout + done.stderr, directory)
 
     def aborted(job: JobResult) -> bool:
-        teardown = TORCH_TEARDOWN_ABORT in job.output and "after its last step" in job.output
-        return job.returncode != 0 and teardown
+        return torch_aborted(job.returncode, job.output) and "after its last step" in job.output
 
     return unless_torch_aborted(attempt, aborted)
 
