@@ -16,7 +16,8 @@ another, each once the previous recovery is done. Measured per scale:
 ``--state etcd`` starts a real etcd per scale and has the controller lead the job there, as
 ``torchrelay run --state etcd://...`` does. ``--beat-interval`` measures what a proposed change
 would give (heartbeats every 4 s have the RPC rate of node agents that carry their ranks'
-progress in their own heartbeats).
+progress in their own heartbeats); ``--unary-heartbeats`` has ranks heartbeat with a ``Report``
+call each, as workers did before the ``Heartbeats`` stream.
 
 A scale stops cleanly, and the sweep with it, when over 1 % of heartbeats miss their deadline,
 a report is refused, the controller records hangs, lost nodes or the job's end (it cannot keep
@@ -112,6 +113,7 @@ class Options:
     timings: bool = True  # heartbeats carry step timings, as after a rank's first step
     beat_interval: float = HEARTBEAT_INTERVAL  # a rank's heartbeat period
     state: str = "memory"  # or "etcd": a real etcd started for the scale (``--state``)
+    unary_beats: bool = False  # ranks heartbeat with a Report call each, not on a stream
     seed: int = 0
 
 
@@ -169,6 +171,7 @@ async def _drive(
         ledger,
         options.timings,
         options.beat_interval,
+        options.unary_beats,
     )
     loop = asyncio.get_running_loop()
 
@@ -323,6 +326,12 @@ def main() -> None:
         "heartbeats aggregated per 8-rank node agent)",
     )
     parser.add_argument(
+        "--unary-heartbeats",
+        action="store_true",
+        help="ranks heartbeat with a Report call each (workers did before the Heartbeats "
+        "stream), for comparison",
+    )
+    parser.add_argument(
         "--state",
         default="memory",
         help="memory, etcd (a real etcd is started for each scale), or, with --serve, a URL",
@@ -351,6 +360,7 @@ def main() -> None:
             timings=not args.no_timings,
             beat_interval=args.beat_interval,
             state=args.state,
+            unary_beats=args.unary_heartbeats,
         )
         results.append(measure(nodes, options))
         args.json.write_text(json.dumps(results, indent=1))

@@ -47,6 +47,7 @@ class Rank:
     generation: int = 0
     committed: int = 0
     alive: bool = True
+    beats: Any = None  # its open Heartbeats stream (a grpc.aio call), once it has beaten
 
 
 @dataclass
@@ -162,12 +163,14 @@ class Cluster:
         ledger: Path,
         timings: bool,
         beat_interval: float = HEARTBEAT_INTERVAL,
+        unary_beats: bool = False,
     ) -> None:
         self.token = token
         self.nodes = [f"node{i}" for i in range(nodes)]
         self.spares = spares
         self.timings = TIMINGS if timings else {}
         self.beat_interval = beat_interval  # a rank's; node agents beat every 0.5 s
+        self.unary_beats = unary_beats  # a Report call per heartbeat, not the stream
         self.ledger = LedgerTail(ledger)
         channels = max(8, nodes // 16)
         options = [("grpc.use_local_subchannel_pool", 1)]  # one connection per channel
@@ -197,6 +200,26 @@ class Cluster:
             seal({"process": who, **body}, self.token), timeout=timeout, wait_for_ready=True
         )
         return unseal(reply, self.token)
+
+    async def beat(self, rank: Rank, body: dict[str, Any]) -> dict[str, Any]:
+        """A rank's heartbeat, as a worker sends it: on its open ``Heartbeats`` stream
+        (:mod:`torchrelay.control.beat_stream`), opened again after one fails; with
+        ``unary_beats``, a ``Report`` call of its own."""
+        if self.unary_beats:
+            return await self.call(rank.process, "Report", body, timeout=HEARTBEAT_RPC_TIMEOUT)
+        if rank.beats is None:
+            channel = self._pool[self._channel(rank.process)]
+            rank.beats = channel.stream_stream(f"/{SERVICE}/Heartbeats")(wait_for_ready=True)
+        try:
+            await rank.beats.write(seal({"process": rank.process, **body}, self.token))
+            reply = await asyncio.wait_for(rank.beats.read(), HEARTBEAT_RPC_TIMEOUT)
+            if reply is grpc.aio.EOF:  # ends the rank's heartbeats: the scale stops
+                raise RuntimeError(f"the controller ended {rank.process}'s heartbeat stream")
+            return unseal(reply, self.token)
+        except BaseException:
+            rank.beats.cancel()
+            rank.beats = None
+            raise
 
     async def report(self, rank: Rank, kind: str, **body: Any) -> dict[str, Any]:
         body = {"kind": kind, "generation": rank.generation, **body}
@@ -280,12 +303,10 @@ class Cluster:
             sent = time.perf_counter()
             self.beats.sent += 1
             try:
-                await self.call(
-                    rank.process,
-                    "Report",
-                    {"kind": "progress", "generation": rank.generation, **body},
-                    timeout=HEARTBEAT_RPC_TIMEOUT,
-                )
+                await self.beat(rank, {"kind": "progress", "generation": rank.generation, **body})
+            except asyncio.TimeoutError:  # no answer within the deadline, on the stream
+                self.beats.timed_out += 1
+                continue
             except grpc.aio.AioRpcError as exc:
                 if rank.alive:  # a dead rank's last heartbeat may be refused (fenced)
                     self._beat_failed(rank.process, exc)

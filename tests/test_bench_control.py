@@ -8,6 +8,8 @@ survivor's stream and for ``recovery_done`` in the ledger); the timeouts are saf
 
 from __future__ import annotations
 
+import pytest
+
 from bench.control import Options, measure
 from bench.control_report import table
 
@@ -16,8 +18,10 @@ def _ordered(figures: dict[str, float] | None) -> bool:
     return figures is not None and 0 < figures["p50"] <= figures["p99"] <= figures["max"]
 
 
-def test_smallest_scale_publishes_a_plan_per_failure_with_sane_figures():
-    result = measure(4, Options(spares=1, failures=2, steady=2.0, timeout=120.0))
+@pytest.mark.parametrize("unary_beats", [False, True], ids=["stream", "unary-heartbeats"])
+def test_smallest_scale_publishes_a_plan_per_failure_with_sane_figures(unary_beats):
+    options = Options(spares=1, failures=2, steady=2.0, timeout=120.0, unary_beats=unary_beats)
+    result = measure(4, options)
 
     assert result["status"] == "ok", result
     assert result["ranks"] == 32 and result["processes"] == 32 + 4  # a spare per node

@@ -22,6 +22,7 @@ from typing import Any
 
 import grpc
 
+from torchrelay.control.beat_stream import BeatStream, StreamEnded
 from torchrelay.control.endpoint import POLL_INTERVAL, Endpoint, Failover
 from torchrelay.control.protocol import (
     Command,
@@ -75,6 +76,23 @@ class _Connection:
         }
         for name in ("Watch", "NodeWatch"):
             self.methods[name] = self.channel.unary_stream(f"/{SERVICE}/{name}")
+        self._open_beats = self.channel.stream_stream(f"/{SERVICE}/Heartbeats")
+        self._beats: BeatStream | None = None
+
+    def beats(self) -> BeatStream:
+        """This connection's heartbeat stream, opened anew once the last one ended.
+
+        Raises ``ValueError`` if the channel was closed (by another thread's move)."""
+        if self._beats is None or self._beats.ended:
+            self._beats = BeatStream(
+                lambda requests: self._open_beats(requests, wait_for_ready=True)
+            )
+        return self._beats
+
+    def close(self) -> None:
+        if self._beats is not None:
+            self._beats.close()
+        self.channel.close()
 
 
 class ControlClient:
@@ -131,7 +149,7 @@ class ControlClient:
                 return
             self._conn = _Connection(found.control)
             # Calls blocked on the dead leader end now (CANCELLED) and are made again.
-            failed.channel.close()
+            failed.close()
         if self.on_failover is not None:
             self.on_failover(found)
 
@@ -173,6 +191,37 @@ class ControlClient:
     def send(self, report: Report, timeout: float = 30.0) -> dict[str, Any]:
         """Send a typed report; the answer is a :class:`Lease` for ``progress``, else empty."""
         return self._call("Report", report.to_wire(), timeout)
+
+    def beat(self, report: Report, timeout: float) -> dict[str, Any]:
+        """Send ``report`` (a heartbeat) on the heartbeat stream, as :meth:`send` does with a
+        call of its own (see :mod:`torchrelay.control.beat_stream`); from one thread only.
+
+        Raises :class:`ControlError` as :meth:`send` does, and follows a new leader the same
+        way, within ``timeout``."""
+        request = {"process": self.process, **report.to_wire()}
+        deadline = time.monotonic() + timeout
+        reopened = False
+        while True:
+            conn = self._conn
+            try:
+                answer = conn.beats().exchange(
+                    seal(request, self._token), max(0.0, deadline - time.monotonic())
+                )
+            except StreamEnded as exc:
+                # A stream that ended between heartbeats is replaced once by a new one, which
+                # waits for the connection; a new one that ended too is an error.
+                if exc.unsent and not reopened:
+                    reopened = True
+                    continue
+                left = deadline - time.monotonic()
+                if exc.code in UNREACHABLE and left > 0 and self._moved(conn, left):
+                    continue
+                raise ControlError(exc.code.name, exc.details) from None
+            except ValueError:  # the channel was closed by another thread's move
+                if self._conn is not conn:
+                    continue
+                raise ControlError("CANCELLED", "the connection was closed") from None
+            return unseal(answer, self._token)
 
     def report(self, kind: str, timeout: float = 30.0, **body: Any) -> dict[str, Any]:
         """An untyped report, as a test or a tool writes it: the controller decodes it and
@@ -229,4 +278,4 @@ class ControlClient:
     def close(self) -> None:
         """Close the connection for good: calls and streams on it end, none moves on."""
         self._closed = True
-        self._conn.channel.close()
+        self._conn.close()

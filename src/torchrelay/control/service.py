@@ -1,9 +1,11 @@
 """The control RPC server: a gRPC service carrying sealed JSON messages (see :mod:`wire`).
 
-Workers use ``Join`` and ``Report`` (unary) and ``Watch`` (a server stream of abort / plan /
-finish messages for one process); remote node agents use ``NodeJoin``, ``NodeReport``
-(heartbeats, process exits) and ``NodeWatch`` (start_spare / fence / chaos / finish);
-operators use ``Status`` and ``Chaos``. The client is :mod:`torchrelay.control.client`.
+Workers use ``Join`` and ``Report`` (unary), ``Heartbeats`` (their ``progress`` reports, each
+answered in turn on one bidirectional stream: :mod:`torchrelay.control.beat_stream`) and
+``Watch`` (a server stream of abort / plan / finish messages for one process); remote node
+agents use ``NodeJoin``, ``NodeReport`` (heartbeats, process exits) and ``NodeWatch``
+(start_spare / fence / chaos / finish); operators use ``Status`` and ``Chaos``. The client is
+:mod:`torchrelay.control.client`.
 
 Every request is authenticated before it is parsed, and admitted only once and while fresh
 (:mod:`torchrelay.control.replay`); a refused one gets ``UNAUTHENTICATED``, changes nothing, and
@@ -99,14 +101,17 @@ class ControlServer:
             ]
         )
         c = self.controller
+
         # Requests are decoded here, at the edge: the controller sees only typed messages.
+        def report(body: dict[str, Any]) -> dict[str, Any] | Wire | None:
+            return c.report(_name(body), decode_report(body))
+
         handlers = {
             "Join": grpc.unary_unary_rpc_method_handler(
                 self._unary(lambda body: c.join(_name(body), JoinRequest.from_wire(body)))
             ),
-            "Report": grpc.unary_unary_rpc_method_handler(
-                self._unary(lambda body: c.report(_name(body), decode_report(body)))
-            ),
+            "Report": grpc.unary_unary_rpc_method_handler(self._unary(report)),
+            "Heartbeats": grpc.stream_stream_rpc_method_handler(self._answers(report)),
             "Status": grpc.unary_unary_rpc_method_handler(self._unary(lambda _: c.status())),
             "NodeJoin": grpc.unary_unary_rpc_method_handler(
                 self._unary(lambda body: c.join_node(NodeJoin.from_wire(body).node))
@@ -200,23 +205,48 @@ class ControlServer:
         """Run a (locking, possibly waiting) controller method off the event loop."""
         return await self._loop.run_in_executor(pool or self._pool, function, *args)
 
+    async def _answer(
+        self,
+        handler: Callable[[dict[str, Any]], dict[str, Any] | Wire | None],
+        request: bytes,
+        context: grpc.aio.ServicerContext,
+        pool: concurrent.futures.Executor | None = None,
+    ) -> bytes:
+        """The sealed answer of ``handler`` to ``request``; else abort the RPC."""
+        body = await self._open(request, context)
+        try:
+            answer = await self._call(handler, body, pool=pool)
+            return seal(_encode(answer), self._token)
+        except FencedError as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"fenced: {exc}")
+        except (ProtocolError, KeyError, TypeError, ValueError) as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad request: {exc!r}")
+        raise AssertionError("unreachable")
+
     def _unary(
         self,
         handler: Callable[[dict[str, Any]], dict[str, Any] | Wire | None],
         pool: concurrent.futures.Executor | None = None,
     ) -> Callable[[bytes, grpc.aio.ServicerContext], Awaitable[bytes]]:
         async def call(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-            body = await self._open(request, context)
-            try:
-                answer = await self._call(handler, body, pool=pool)
-                return seal(_encode(answer), self._token)
-            except FencedError as exc:
-                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"fenced: {exc}")
-            except (ProtocolError, KeyError, TypeError, ValueError) as exc:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad request: {exc!r}")
-            raise AssertionError("unreachable")
+            return await self._answer(handler, request, context, pool)
 
         return call
+
+    def _answers(
+        self, handler: Callable[[dict[str, Any]], dict[str, Any] | Wire | None]
+    ) -> Callable[[AsyncIterator[bytes], grpc.aio.ServicerContext], AsyncIterator[bytes]]:
+        """A bidirectional stream of requests each answered in turn, as ``_unary`` answers
+        one: heartbeats (see :mod:`torchrelay.control.beat_stream`). A refused request ends
+        the stream with the code a unary call would have got."""
+
+        async def stream(
+            requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+        ) -> AsyncIterator[bytes]:
+            async for request in requests:
+                yield await self._answer(handler, request, context)
+
+        return stream
 
     # ------------------------------------------------------------------ streams
     def _stream(

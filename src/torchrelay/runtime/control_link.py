@@ -152,7 +152,7 @@ class ControlLink:
                 self._unparked.wait()
                 with self._beating:
                     if self._unparked.is_set():
-                        reply = self._client.send(beat, timeout=HEARTBEAT_RPC_TIMEOUT)
+                        reply = self._client.beat(beat, timeout=HEARTBEAT_RPC_TIMEOUT)
                         return LEASE_FACTOR * Lease.from_wire(reply).hang_timeout
 
         def expired(silence: float, lease: float, error: ControlError) -> None:

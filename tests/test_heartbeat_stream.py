@@ -1,0 +1,138 @@
+"""Heartbeats on one open stream (control/beat_stream.py, the ``Heartbeats`` RPC) over real
+gRPC: answered as the unary call answers, refused as it refuses, bounded by the same deadline,
+and opened again after a stream ends."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+
+import grpc
+import pytest
+
+from tests.test_control_plane import job  # noqa: F401  (the controller behind a real server)
+from torchrelay.control.beat_stream import BeatStream, StreamEnded
+from torchrelay.control.client import SERVICE, ControlClient, ControlError
+from torchrelay.control.protocol import Progress
+from torchrelay.control.service import ControlServer
+
+
+def _worker(client, name: str = "worker0", slot: int = 0) -> ControlClient:
+    worker = client(name)
+    worker.join("worker", 1, "node0", slot)
+    worker.report("max_steps", max_steps=10)
+    return worker
+
+
+def test_a_heartbeat_on_the_stream_is_a_progress_report_and_gets_the_lease(job):  # noqa: F811
+    controller, _, client, _, _ = job
+    worker = _worker(client)
+    for step in range(3):
+        reply = worker.beat(Progress(generation=0, step=step, step_age=0.1), timeout=5.0)
+        assert reply == {"hang_timeout": controller.config.hang_floor}
+    assert controller.members["worker0"].committed == 2
+    # One stream carried them all: the connection keeps it open between heartbeats.
+    stream = worker._conn.beats()
+    worker.beat(Progress(generation=0, step=3), timeout=5.0)
+    assert worker._conn.beats() is stream and not stream.ended
+
+
+def test_a_fenced_process_is_refused_on_the_stream_as_on_a_call(job):  # noqa: F811
+    controller, _, client, _, _ = job
+    worker = _worker(client)
+    worker.beat(Progress(generation=0, step=1), timeout=5.0)
+    controller.on_exit("worker0", -9)  # presumed dead: its heartbeats are refused from now
+    with pytest.raises(ControlError) as err:
+        worker.beat(Progress(generation=0, step=2), timeout=5.0)
+    assert err.value.code == "FAILED_PRECONDITION" and "fenced" in err.value.message
+
+
+def test_a_forged_heartbeat_is_refused_unauthenticated_and_changes_nothing(job):  # noqa: F811
+    controller, _, client, _, _ = job
+    worker = _worker(client)
+    forger = client("worker0", key="not the job's token")
+    with pytest.raises(ControlError) as err:
+        forger.beat(Progress(generation=0, step=5), timeout=5.0)
+    assert err.value.code == "UNAUTHENTICATED"
+    assert controller.members["worker0"].committed == -1
+    # The worker's own stream was never touched.
+    assert worker.beat(Progress(generation=0, step=1), timeout=5.0)
+    assert controller.members["worker0"].committed == 1
+
+
+def test_an_answer_that_does_not_come_in_time_is_a_deadline_and_ends_the_stream():
+    """A controller that takes no heed (paused, overloaded) costs the heartbeat its timeout,
+    never more, and the stream is not read again: a late answer cannot be taken for the next
+    heartbeat's."""
+    arrived = threading.Event()
+    release = threading.Event()
+
+    def hold(requests, context):
+        for _ in requests:
+            arrived.set()
+            release.wait(30)
+            yield b"late"
+
+    server = grpc.server(concurrent.futures.ThreadPoolExecutor(2))
+    server.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler(
+                SERVICE, {"Heartbeats": grpc.stream_stream_rpc_method_handler(hold)}
+            ),
+        )
+    )
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        method = channel.stream_stream(f"/{SERVICE}/Heartbeats")
+        stream = BeatStream(lambda requests: method(requests, wait_for_ready=True))
+        with pytest.raises(StreamEnded) as err:
+            stream.exchange(b"beat", timeout=0.2)
+        assert arrived.is_set()  # it was sent, and not answered within the timeout
+        assert err.value.code == grpc.StatusCode.DEADLINE_EXCEEDED and stream.ended
+        release.set()
+        with pytest.raises(StreamEnded):  # never read again
+            stream.exchange(b"beat", timeout=5.0)
+    finally:
+        release.set()
+        channel.close()
+        server.stop(0)
+
+
+def test_a_closed_client_ends_its_stream_and_its_threads(job):  # noqa: F811
+    _, _, client, _, _ = job
+    worker = _worker(client)
+    worker.beat(Progress(generation=0, step=1), timeout=5.0)
+    stream = worker._conn.beats()
+    worker.close()
+    assert stream.ended
+    stream.reader.join(timeout=10)
+    assert not stream.reader.is_alive()
+
+
+def test_a_stream_cut_between_heartbeats_costs_no_heartbeat(job):  # noqa: F811
+    """The connection was reset between two heartbeats (the server went and came back on the
+    same address): the next heartbeat goes out on a new stream, as a unary call would have
+    waited for the connection, instead of failing on the old stream's end."""
+    controller, _, client, run_dir, _ = job
+    _worker(client)
+    token = (run_dir / "token").read_text()
+    first = ControlServer(controller, token)
+    first.start()
+    worker = ControlClient(first.address, token, "worker0")
+    try:
+        worker.beat(Progress(generation=0, step=1), timeout=5.0)
+        stream = worker._conn.beats()
+        first.stop()
+        stream.reader.join(timeout=10)  # the old stream has ended, between heartbeats
+        second = ControlServer(controller, token, port=first.port)
+        second.start()
+        try:
+            reply = worker.beat(Progress(generation=0, step=2), timeout=5.0)
+        finally:
+            second.stop()
+    finally:
+        worker.close()
+    assert reply == {"hang_timeout": controller.config.hang_floor}
+    assert worker._conn._beats is not stream and controller.members["worker0"].committed == 2
