@@ -16,8 +16,8 @@ another, each once the previous recovery is done. Measured per scale:
 ``--state etcd`` starts a real etcd per scale and has the controller lead the job there, as
 ``torchrelay run --state etcd://...`` does. ``--beat-interval`` measures what a proposed change
 would give (heartbeats every 4 s have the RPC rate of node agents that carry their ranks'
-progress in their own heartbeats); ``--unary-heartbeats`` has ranks heartbeat with a ``Report``
-call each, as workers did before the ``Heartbeats`` stream.
+progress in their own heartbeats); ``--unary heartbeats,posted`` has ranks send their heartbeats
+and posted reports with a ``Report`` call each, as workers did before their streams of reports.
 
 A scale stops cleanly, and the sweep with it, when over 1 % of heartbeats miss their deadline,
 a report is refused, the controller records hangs, lost nodes or the job's end (it cannot keep
@@ -49,6 +49,7 @@ from bench.control_sim import PER_NODE, Cluster, Failure, Stopped
 from bench.procs import REPO_ROOT
 from tests.etcd import start_etcd
 from torchrelay.control.lease import HEARTBEAT_INTERVAL
+from torchrelay.control.report_stream import Lane
 
 # More heartbeats than this share missing their deadline: the controller cannot keep up (a
 # worker survives a few, its lease is 2 hang timeouts; more and hangs get declared).
@@ -113,7 +114,7 @@ class Options:
     timings: bool = True  # heartbeats carry step timings, as after a rank's first step
     beat_interval: float = HEARTBEAT_INTERVAL  # a rank's heartbeat period
     state: str = "memory"  # or "etcd": a real etcd started for the scale (``--state``)
-    unary_beats: bool = False  # ranks heartbeat with a Report call each, not on a stream
+    unary: tuple[str, ...] = ()  # lanes (Lane values) whose reports are a call each
     seed: int = 0
 
 
@@ -171,7 +172,7 @@ async def _drive(
         ledger,
         options.timings,
         options.beat_interval,
-        options.unary_beats,
+        frozenset(Lane(lane) for lane in options.unary),
     )
     loop = asyncio.get_running_loop()
 
@@ -326,10 +327,10 @@ def main() -> None:
         "heartbeats aggregated per 8-rank node agent)",
     )
     parser.add_argument(
-        "--unary-heartbeats",
-        action="store_true",
-        help="ranks heartbeat with a Report call each (workers did before the Heartbeats "
-        "stream), for comparison",
+        "--unary",
+        default="",
+        help="comma-separated lanes (heartbeats, posted) whose reports the ranks send with a "
+        "Report call each, as workers did before their streams of reports, for comparison",
     )
     parser.add_argument(
         "--state",
@@ -349,6 +350,10 @@ def main() -> None:
         parser.error(f"--nodes takes comma-separated node counts, not {args.nodes!r}")
     if min(scales) < 2 or args.failures < 0:
         parser.error("every scale needs 2 or more nodes (failures hit remote nodes' ranks)")
+    unary = tuple(lane for lane in args.unary.split(",") if lane)
+    lanes = [lane.value for lane in Lane]
+    if any(lane not in lanes for lane in unary):
+        parser.error(f"--unary takes lanes among {', '.join(lanes)}, not {args.unary!r}")
     results: list[dict[str, Any]] = []
     for nodes in scales:
         print(f"{nodes} nodes x {PER_NODE} ranks ...", flush=True)
@@ -360,7 +365,7 @@ def main() -> None:
             timings=not args.no_timings,
             beat_interval=args.beat_interval,
             state=args.state,
-            unary_beats=args.unary_heartbeats,
+            unary=unary,
         )
         results.append(measure(nodes, options))
         args.json.write_text(json.dumps(results, indent=1))

@@ -8,7 +8,9 @@ joins, holds its ``Watch`` stream and heartbeats (a ``progress`` report every 0.
 previous one was answered, with a 2 s deadline, as :func:`torchrelay.control.lease.keep_alive`
 does). Each rank answers its messages as :mod:`torchrelay.runtime.recovery` does: an
 ``abort`` with ``halted``; a ``plan`` with the phases ``comm_ready`` and ``transfer_done`` and
-its first ``progress`` with ``first_after_recovery``; a spare reports ``ready`` once joined.
+its first ``progress`` with ``first_after_recovery``, posted; a spare reports ``ready`` once
+joined. Heartbeats and posted reports go on the rank's open streams, one per lane, as a
+worker's do (a ``Report`` call each for the lanes in ``--unary``).
 
 A failure is a node agent reporting that one of its ranks exited (``NodeReport`` ``exit``,
 SIGKILL); :meth:`Cluster.fail` times it from that report to the plan on every survivor's stream.
@@ -28,6 +30,7 @@ import grpc
 
 from torchrelay.control.client import SERVICE
 from torchrelay.control.lease import HEARTBEAT_INTERVAL, HEARTBEAT_RPC_TIMEOUT
+from torchrelay.control.report_stream import Lane
 from torchrelay.control.wire import seal, unseal
 
 PER_NODE = 8
@@ -47,7 +50,9 @@ class Rank:
     generation: int = 0
     committed: int = 0
     alive: bool = True
-    beats: Any = None  # its open Heartbeats stream (a grpc.aio call), once it has beaten
+    # Its open Reports streams (grpc.aio calls), one per lane once it has sent on it, each
+    # with the lock that keeps one report at a time on it (a worker's one thread per lane).
+    streams: dict[Lane, tuple[Any, asyncio.Lock]] = field(default_factory=dict)
 
 
 @dataclass
@@ -163,14 +168,14 @@ class Cluster:
         ledger: Path,
         timings: bool,
         beat_interval: float = HEARTBEAT_INTERVAL,
-        unary_beats: bool = False,
+        unary: frozenset[Lane] = frozenset(),
     ) -> None:
         self.token = token
         self.nodes = [f"node{i}" for i in range(nodes)]
         self.spares = spares
         self.timings = TIMINGS if timings else {}
         self.beat_interval = beat_interval  # a rank's; node agents beat every 0.5 s
-        self.unary_beats = unary_beats  # a Report call per heartbeat, not the stream
+        self.unary = unary  # lanes whose reports are a Report call each, not a stream
         self.ledger = LedgerTail(ledger)
         channels = max(8, nodes // 16)
         options = [("grpc.use_local_subchannel_pool", 1)]  # one connection per channel
@@ -201,25 +206,36 @@ class Cluster:
         )
         return unseal(reply, self.token)
 
-    async def beat(self, rank: Rank, body: dict[str, Any]) -> dict[str, Any]:
-        """A rank's heartbeat, as a worker sends it: on its open ``Heartbeats`` stream
-        (:mod:`torchrelay.control.beat_stream`), opened again after one fails; with
-        ``unary_beats``, a ``Report`` call of its own."""
-        if self.unary_beats:
-            return await self.call(rank.process, "Report", body, timeout=HEARTBEAT_RPC_TIMEOUT)
-        if rank.beats is None:
+    async def send_on(
+        self, rank: Rank, lane: Lane, body: dict[str, Any], timeout: float = 120.0
+    ) -> dict[str, Any]:
+        """A rank's report on its open stream of ``lane``, as a worker sends its heartbeats
+        and posted reports (:mod:`torchrelay.control.report_stream`), the stream opened
+        again after one fails; a ``Report`` call of its own for a lane in ``unary``."""
+        if lane in self.unary:
+            return await self.call(rank.process, "Report", body, timeout=timeout)
+        if lane not in rank.streams:
             channel = self._pool[self._channel(rank.process)]
-            rank.beats = channel.stream_stream(f"/{SERVICE}/Heartbeats")(wait_for_ready=True)
-        try:
-            await rank.beats.write(seal({"process": rank.process, **body}, self.token))
-            reply = await asyncio.wait_for(rank.beats.read(), HEARTBEAT_RPC_TIMEOUT)
-            if reply is grpc.aio.EOF:  # ends the rank's heartbeats: the scale stops
-                raise RuntimeError(f"the controller ended {rank.process}'s heartbeat stream")
-            return unseal(reply, self.token)
-        except BaseException:
-            rank.beats.cancel()
-            rank.beats = None
-            raise
+            call = channel.stream_stream(f"/{SERVICE}/Reports")(wait_for_ready=True)
+            rank.streams[lane] = (call, asyncio.Lock())
+        call, lock = rank.streams[lane]
+        async with lock:
+            try:
+                await call.write(seal({"process": rank.process, **body}, self.token))
+                reply = await asyncio.wait_for(call.read(), timeout)
+                if reply is grpc.aio.EOF:  # ends the rank's reports: the scale stops
+                    raise RuntimeError(f"the controller ended a stream of {rank.process}")
+                return unseal(reply, self.token)
+            except BaseException:
+                call.cancel()
+                if rank.streams.get(lane, (None,))[0] is call:
+                    del rank.streams[lane]
+                raise
+
+    async def post(self, rank: Rank, kind: str, **body: Any) -> dict[str, Any]:
+        """A report a worker posts (a recovery's phases, its first step)."""
+        body = {"kind": kind, "generation": rank.generation, **body}
+        return await self.send_on(rank, Lane.POSTED, body)
 
     async def report(self, rank: Rank, kind: str, **body: Any) -> dict[str, Any]:
         body = {"kind": kind, "generation": rank.generation, **body}
@@ -303,7 +319,8 @@ class Cluster:
             sent = time.perf_counter()
             self.beats.sent += 1
             try:
-                await self.beat(rank, {"kind": "progress", "generation": rank.generation, **body})
+                beat = {"kind": "progress", "generation": rank.generation, **body}
+                await self.send_on(rank, Lane.HEARTBEATS, beat, HEARTBEAT_RPC_TIMEOUT)
             except asyncio.TimeoutError:  # no answer within the deadline, on the stream
                 self.beats.timed_out += 1
                 continue
@@ -371,9 +388,9 @@ class Cluster:
     async def _enter(self, rank: Rank, plan: dict[str, Any]) -> None:
         rank.generation, rank.slot = int(plan["generation"]), int(plan["slot"])
         rank.committed = int(plan["target_step"])
-        await self.report(rank, "phase", phase="comm_ready", t=time.time())
-        await self.report(rank, "phase", phase="transfer_done", t=time.time(), bytes=0, seconds=0)
-        await self.report(
+        await self.post(rank, "phase", phase="comm_ready", t=time.time())
+        await self.post(rank, "phase", phase="transfer_done", t=time.time(), bytes=0, seconds=0)
+        await self.post(
             rank, "progress", step=rank.committed, first_after_recovery=True, t=time.time()
         )
 

@@ -22,7 +22,6 @@ from typing import Any
 
 import grpc
 
-from torchrelay.control.beat_stream import BeatStream, StreamEnded
 from torchrelay.control.endpoint import POLL_INTERVAL, Endpoint, Failover
 from torchrelay.control.protocol import (
     Command,
@@ -36,6 +35,7 @@ from torchrelay.control.protocol import (
     decode_command,
     decode_message,
 )
+from torchrelay.control.report_stream import Lane, ReportStream, StreamEnded
 from torchrelay.control.wire import seal, unseal
 
 SERVICE = "torchrelay.Control"
@@ -76,22 +76,23 @@ class _Connection:
         }
         for name in ("Watch", "NodeWatch"):
             self.methods[name] = self.channel.unary_stream(f"/{SERVICE}/{name}")
-        self._open_beats = self.channel.stream_stream(f"/{SERVICE}/Heartbeats")
-        self._beats: BeatStream | None = None
+        self._open_reports = self.channel.stream_stream(f"/{SERVICE}/Reports")
+        self._streams: dict[Lane, ReportStream] = {}
 
-    def beats(self) -> BeatStream:
-        """This connection's heartbeat stream, opened anew once the last one ended.
+    def stream(self, lane: Lane) -> ReportStream:
+        """This connection's stream of ``lane``, opened anew once the last one ended.
 
         Raises ``ValueError`` if the channel was closed (by another thread's move)."""
-        if self._beats is None or self._beats.ended:
-            self._beats = BeatStream(
-                lambda requests: self._open_beats(requests, wait_for_ready=True)
+        stream = self._streams.get(lane)
+        if stream is None or stream.ended:
+            stream = self._streams[lane] = ReportStream(
+                lambda requests: self._open_reports(requests, wait_for_ready=True), lane
             )
-        return self._beats
+        return stream
 
     def close(self) -> None:
-        if self._beats is not None:
-            self._beats.close()
+        for stream in list(self._streams.values()):
+            stream.close()
         self.channel.close()
 
 
@@ -192,9 +193,9 @@ class ControlClient:
         """Send a typed report; the answer is a :class:`Lease` for ``progress``, else empty."""
         return self._call("Report", report.to_wire(), timeout)
 
-    def beat(self, report: Report, timeout: float) -> dict[str, Any]:
-        """Send ``report`` (a heartbeat) on the heartbeat stream, as :meth:`send` does with a
-        call of its own (see :mod:`torchrelay.control.beat_stream`); from one thread only.
+    def send_on(self, lane: Lane, report: Report, timeout: float = 30.0) -> dict[str, Any]:
+        """Send ``report`` on the stream of ``lane``, as :meth:`send` does with a call of its
+        own (see :mod:`torchrelay.control.report_stream`); from one thread per lane.
 
         Raises :class:`ControlError` as :meth:`send` does, and follows a new leader the same
         way, within ``timeout``."""
@@ -204,11 +205,11 @@ class ControlClient:
         while True:
             conn = self._conn
             try:
-                answer = conn.beats().exchange(
+                answer = conn.stream(lane).exchange(
                     seal(request, self._token), max(0.0, deadline - time.monotonic())
                 )
             except StreamEnded as exc:
-                # A stream that ended between heartbeats is replaced once by a new one, which
+                # A stream that ended between two requests is replaced once by a new one, which
                 # waits for the connection; a new one that ended too is an error.
                 if exc.unsent and not reopened:
                     reopened = True

@@ -1,7 +1,7 @@
 """The control RPC server: a gRPC service carrying sealed JSON messages (see :mod:`wire`).
 
-Workers use ``Join`` and ``Report`` (unary), ``Heartbeats`` (their ``progress`` reports, each
-answered in turn on one bidirectional stream: :mod:`torchrelay.control.beat_stream`) and
+Workers use ``Join`` and ``Report`` (unary), ``Reports`` (their heartbeats and posted reports,
+each answered in turn on a bidirectional stream: :mod:`torchrelay.control.report_stream`) and
 ``Watch`` (a server stream of abort / plan / finish messages for one process); remote node
 agents use ``NodeJoin``, ``NodeReport`` (heartbeats, process exits) and ``NodeWatch``
 (start_spare / fence / chaos / finish); operators use ``Status`` and ``Chaos``. The client is
@@ -111,7 +111,7 @@ class ControlServer:
                 self._unary(lambda body: c.join(_name(body), JoinRequest.from_wire(body)))
             ),
             "Report": grpc.unary_unary_rpc_method_handler(self._unary(report)),
-            "Heartbeats": grpc.stream_stream_rpc_method_handler(self._answers(report)),
+            "Reports": grpc.stream_stream_rpc_method_handler(self._answers(report)),
             "Status": grpc.unary_unary_rpc_method_handler(self._unary(lambda _: c.status())),
             "NodeJoin": grpc.unary_unary_rpc_method_handler(
                 self._unary(lambda body: c.join_node(NodeJoin.from_wire(body).node))
@@ -237,7 +237,7 @@ class ControlServer:
         self, handler: Callable[[dict[str, Any]], dict[str, Any] | Wire | None]
     ) -> Callable[[AsyncIterator[bytes], grpc.aio.ServicerContext], AsyncIterator[bytes]]:
         """A bidirectional stream of requests each answered in turn, as ``_unary`` answers
-        one: heartbeats (see :mod:`torchrelay.control.beat_stream`). A refused request ends
+        one (see :mod:`torchrelay.control.report_stream`). A refused request ends
         the stream with the code a unary call would have got."""
 
         async def stream(

@@ -32,6 +32,7 @@ from torchrelay.control.protocol import (
     ToldLate,
     WarningReport,
 )
+from torchrelay.control.report_stream import Lane
 from torchrelay.exits import EXIT_CONTROLLER_LOST, EXIT_FENCED, leave
 from torchrelay.runtime.default_group import REINIT_ADVICE, is_reinit_error
 from torchrelay.runtime.facade import StableProcessGroup
@@ -152,7 +153,7 @@ class ControlLink:
                 self._unparked.wait()
                 with self._beating:
                     if self._unparked.is_set():
-                        reply = self._client.beat(beat, timeout=HEARTBEAT_RPC_TIMEOUT)
+                        reply = self._client.send_on(Lane.HEARTBEATS, beat, HEARTBEAT_RPC_TIMEOUT)
                         return LEASE_FACTOR * Lease.from_wire(reply).hang_timeout
 
         def expired(silence: float, lease: float, error: ControlError) -> None:

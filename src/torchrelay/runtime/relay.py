@@ -39,6 +39,7 @@ from torchrelay.chaos import ChaosEvent
 from torchrelay.control.client import ControlClient
 from torchrelay.control.endpoint import failover_for
 from torchrelay.control.protocol import JoinAnswer, MaxSteps, Message, Report
+from torchrelay.control.report_stream import Lane
 from torchrelay.runtime import default_group, exit_holder, stack_dump
 from torchrelay.runtime.allocator import keep_freed_memory
 from torchrelay.runtime.batch_feed import BatchFeed
@@ -110,7 +111,9 @@ class Relay(ControlLink, Recovery, ChaosInjection, Parking):
         self._unparked.set()
         self._watch_paused = threading.Event()
         self._beating = threading.Lock()
-        self._poster = Poster(lambda report: self._client.send(report), posted_report_failed)
+        self._poster = Poster(
+            lambda report: self._client.send_on(Lane.POSTED, report), posted_report_failed
+        )
         self.timer = StepTimer()
         self.checkpoints = Checkpointer.from_environ(
             env.world_size,

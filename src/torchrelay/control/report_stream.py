@@ -1,12 +1,16 @@
-"""A process's heartbeats over one open stream (the ``Heartbeats`` RPC), not a call each.
+"""Reports over an open stream (the ``Reports`` RPC), not a call each: a process's heartbeats
+and its posted reports.
 
-Heartbeats are most of a large job's control traffic: two a second from every process, each
-answered with a lease. As separate unary calls each costs the controller's gRPC server a new
-HTTP/2 stream, its metadata and its own completion events; as messages on one open stream it
-costs a read and a write (docs/benchmarks.md, "Heartbeats on one stream": about a quarter of
-the server's CPU per heartbeat for the transport).
+A worker heartbeats twice a second, and a recovery has each of its processes post three reports
+(``comm_ready``, ``transfer_done``, its first step): as unary calls each costs the controller's
+gRPC server a new HTTP/2 stream, its metadata and its own completion events; as messages on an
+open stream, a read and a write (docs/benchmarks.md, "Reports on open streams": the
+controller's CPU per heartbeat falls by 45 %). Each :class:`Lane` of a process is a stream of
+its own, used by one thread (the heartbeat thread, the poster), so a report waits only for the
+ones of its own lane. Synchronous reports (a halt, an error) stay unary calls: any thread may
+send one, from inside another's failover too.
 
-Contract: :meth:`BeatStream.exchange` sends one sealed request and returns the controller's
+Contract: :meth:`ReportStream.exchange` sends one sealed request and returns the controller's
 sealed answer to it. Answers come in the order of the requests, one each, and one thread
 sends at a time, so the answer read is the one to this request.
 
@@ -15,13 +19,14 @@ controller refused a request: ``FAILED_PRECONDITION`` for a fenced process) rais
 :class:`StreamEnded` with gRPC's status code, as the unary call would have; an answer not in
 within ``timeout`` cancels the stream and raises :class:`StreamEnded` with
 ``DEADLINE_EXCEEDED``, as a unary call's deadline does. A stream that ended is never used
-again: the caller opens a new one for its next heartbeat. One that ended between heartbeats
+again: the caller opens a new one for its next request. One that ended between requests
 (its connection was reset) says so (:attr:`StreamEnded.unsent`): the request was not sent,
 and a new stream, which waits for the connection as a unary call does, may carry it.
 """
 
 from __future__ import annotations
 
+import enum
 import queue
 import threading
 from collections.abc import Callable, Iterator
@@ -30,8 +35,15 @@ from typing import Any
 import grpc
 
 
+class Lane(enum.Enum):
+    """A process's streams of reports, each sent from one thread."""
+
+    HEARTBEATS = "heartbeats"  # the heartbeat thread's progress reports
+    POSTED = "posted"  # the poster's reports (see torchrelay.runtime.posting)
+
+
 class StreamEnded(Exception):
-    """The heartbeat stream is over; ``code`` is gRPC's status code for why."""
+    """The stream is over; ``code`` is gRPC's status code for why."""
 
     def __init__(self, code: grpc.StatusCode, details: str, unsent: bool = False) -> None:
         super().__init__(f"{code.name}: {details}")
@@ -44,21 +56,23 @@ class StreamEnded(Exception):
 _END = b""
 
 
-class BeatStream:
-    """One open ``Heartbeats`` call: requests in, answers out (see the module doc).
+class ReportStream:
+    """One open ``Reports`` call: requests in, answers out (see the module doc).
 
     ``open_call(requests)`` starts the call on a channel with the iterator of requests; the
     answers are read by a thread of this stream, so that :meth:`exchange` can wait for one
     with a timeout (a gRPC stream's reads have none).
     """
 
-    def __init__(self, open_call: Callable[[Iterator[bytes]], Any]) -> None:
+    def __init__(self, open_call: Callable[[Iterator[bytes]], Any], lane: Lane) -> None:
         self._requests: queue.SimpleQueue[bytes] = queue.SimpleQueue()
         self._answers: queue.SimpleQueue[bytes | StreamEnded] = queue.SimpleQueue()
         self._ended: StreamEnded | None = None
         self._read_all = threading.Event()  # the reader saw the stream end
         self._call = open_call(iter(self._requests.get, _END))
-        self.reader = threading.Thread(target=self._read, name="torchrelay-heartbeats", daemon=True)
+        self.reader = threading.Thread(
+            target=self._read, name=f"torchrelay-{lane.value}", daemon=True
+        )
         self.reader.start()
 
     @property
@@ -86,7 +100,7 @@ class BeatStream:
         try:
             answer = self._answers.get(timeout=timeout)
         except queue.Empty:
-            answer = StreamEnded(grpc.StatusCode.DEADLINE_EXCEEDED, "no answer to a heartbeat")
+            answer = StreamEnded(grpc.StatusCode.DEADLINE_EXCEEDED, "no answer in time")
         if isinstance(answer, StreamEnded):
             self._ended = answer
             self.close()
@@ -94,7 +108,7 @@ class BeatStream:
         return answer
 
     def close(self) -> None:
-        """End the stream (the thread that sends the requests ends with it)."""
+        """End the stream (gRPC's thread that sends the requests ends with it)."""
         if self._ended is None:
             self._ended = StreamEnded(grpc.StatusCode.CANCELLED, "the stream was closed")
         self._requests.put(_END)

@@ -1,6 +1,6 @@
-"""Heartbeats on one open stream (control/beat_stream.py, the ``Heartbeats`` RPC) over real
-gRPC: answered as the unary call answers, refused as it refuses, bounded by the same deadline,
-and opened again after a stream ends."""
+"""Reports on open streams (control/report_stream.py, the ``Reports`` RPC) over real gRPC:
+answered as the unary call answers, refused as it refuses, bounded by the same deadline, one
+stream per lane, and opened again after a stream ends."""
 
 from __future__ import annotations
 
@@ -11,10 +11,14 @@ import grpc
 import pytest
 
 from tests.test_control_plane import job  # noqa: F401  (the controller behind a real server)
-from torchrelay.control.beat_stream import BeatStream, StreamEnded
 from torchrelay.control.client import SERVICE, ControlClient, ControlError
-from torchrelay.control.protocol import Progress
+from torchrelay.control.protocol import PhaseDone, Progress, Ready
+from torchrelay.control.report_stream import Lane, ReportStream, StreamEnded
 from torchrelay.control.service import ControlServer
+
+
+def _beat(worker: ControlClient, progress: Progress) -> dict:
+    return worker.send_on(Lane.HEARTBEATS, progress, timeout=5.0)
 
 
 def _worker(client, name: str = "worker0", slot: int = 0) -> ControlClient:
@@ -28,22 +32,37 @@ def test_a_heartbeat_on_the_stream_is_a_progress_report_and_gets_the_lease(job):
     controller, _, client, _, _ = job
     worker = _worker(client)
     for step in range(3):
-        reply = worker.beat(Progress(generation=0, step=step, step_age=0.1), timeout=5.0)
+        reply = _beat(worker, Progress(generation=0, step=step, step_age=0.1))
         assert reply == {"hang_timeout": controller.config.hang_floor}
     assert controller.members["worker0"].committed == 2
     # One stream carried them all: the connection keeps it open between heartbeats.
-    stream = worker._conn.beats()
-    worker.beat(Progress(generation=0, step=3), timeout=5.0)
-    assert worker._conn.beats() is stream and not stream.ended
+    stream = worker._conn.stream(Lane.HEARTBEATS)
+    _beat(worker, Progress(generation=0, step=3))
+    assert worker._conn.stream(Lane.HEARTBEATS) is stream and not stream.ended
+
+
+def test_each_lane_is_a_stream_of_its_own_and_a_posted_report_is_handled_as_a_call(job):  # noqa: F811
+    controller, _, client, _, _ = job
+    worker = _worker(client)
+    _beat(worker, Progress(generation=0, step=1))
+    assert worker.send_on(Lane.POSTED, PhaseDone(generation=0, phase="comm_ready", t=1.0)) == {}
+    assert worker._conn.stream(Lane.POSTED) is not worker._conn.stream(Lane.HEARTBEATS)
+    # A refusal on one lane ends that lane's stream only (a worker is never "ready").
+    with pytest.raises(ControlError) as err:
+        worker.send_on(Lane.POSTED, Ready(generation=0))
+    assert err.value.code == "INVALID_ARGUMENT" and "reported ready" in err.value.message
+    assert not worker._conn.stream(Lane.HEARTBEATS).ended
+    _beat(worker, Progress(generation=0, step=2))
+    assert controller.members["worker0"].committed == 2
 
 
 def test_a_fenced_process_is_refused_on_the_stream_as_on_a_call(job):  # noqa: F811
     controller, _, client, _, _ = job
     worker = _worker(client)
-    worker.beat(Progress(generation=0, step=1), timeout=5.0)
+    _beat(worker, Progress(generation=0, step=1))
     controller.on_exit("worker0", -9)  # presumed dead: its heartbeats are refused from now
     with pytest.raises(ControlError) as err:
-        worker.beat(Progress(generation=0, step=2), timeout=5.0)
+        _beat(worker, Progress(generation=0, step=2))
     assert err.value.code == "FAILED_PRECONDITION" and "fenced" in err.value.message
 
 
@@ -52,11 +71,11 @@ def test_a_forged_heartbeat_is_refused_unauthenticated_and_changes_nothing(job):
     worker = _worker(client)
     forger = client("worker0", key="not the job's token")
     with pytest.raises(ControlError) as err:
-        forger.beat(Progress(generation=0, step=5), timeout=5.0)
+        _beat(forger, Progress(generation=0, step=5))
     assert err.value.code == "UNAUTHENTICATED"
     assert controller.members["worker0"].committed == -1
     # The worker's own stream was never touched.
-    assert worker.beat(Progress(generation=0, step=1), timeout=5.0)
+    assert _beat(worker, Progress(generation=0, step=1))
     assert controller.members["worker0"].committed == 1
 
 
@@ -77,7 +96,7 @@ def test_an_answer_that_does_not_come_in_time_is_a_deadline_and_ends_the_stream(
     server.add_generic_rpc_handlers(
         (
             grpc.method_handlers_generic_handler(
-                SERVICE, {"Heartbeats": grpc.stream_stream_rpc_method_handler(hold)}
+                SERVICE, {"Reports": grpc.stream_stream_rpc_method_handler(hold)}
             ),
         )
     )
@@ -85,8 +104,8 @@ def test_an_answer_that_does_not_come_in_time_is_a_deadline_and_ends_the_stream(
     server.start()
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     try:
-        method = channel.stream_stream(f"/{SERVICE}/Heartbeats")
-        stream = BeatStream(lambda requests: method(requests, wait_for_ready=True))
+        method = channel.stream_stream(f"/{SERVICE}/Reports")
+        stream = ReportStream(lambda r: method(r, wait_for_ready=True), Lane.HEARTBEATS)
         with pytest.raises(StreamEnded) as err:
             stream.exchange(b"beat", timeout=0.2)
         assert arrived.is_set()  # it was sent, and not answered within the timeout
@@ -103,8 +122,8 @@ def test_an_answer_that_does_not_come_in_time_is_a_deadline_and_ends_the_stream(
 def test_a_closed_client_ends_its_stream_and_its_threads(job):  # noqa: F811
     _, _, client, _, _ = job
     worker = _worker(client)
-    worker.beat(Progress(generation=0, step=1), timeout=5.0)
-    stream = worker._conn.beats()
+    _beat(worker, Progress(generation=0, step=1))
+    stream = worker._conn.stream(Lane.HEARTBEATS)
     worker.close()
     assert stream.ended
     stream.reader.join(timeout=10)
@@ -122,17 +141,18 @@ def test_a_stream_cut_between_heartbeats_costs_no_heartbeat(job):  # noqa: F811
     first.start()
     worker = ControlClient(first.address, token, "worker0")
     try:
-        worker.beat(Progress(generation=0, step=1), timeout=5.0)
-        stream = worker._conn.beats()
+        _beat(worker, Progress(generation=0, step=1))
+        stream = worker._conn.stream(Lane.HEARTBEATS)
         first.stop()
         stream.reader.join(timeout=10)  # the old stream has ended, between heartbeats
         second = ControlServer(controller, token, port=first.port)
         second.start()
         try:
-            reply = worker.beat(Progress(generation=0, step=2), timeout=5.0)
+            reply = _beat(worker, Progress(generation=0, step=2))
+            again = worker._conn.stream(Lane.HEARTBEATS)
         finally:
             second.stop()
     finally:
         worker.close()
     assert reply == {"hang_timeout": controller.config.hang_floor}
-    assert worker._conn._beats is not stream and controller.members["worker0"].committed == 2
+    assert again is not stream and controller.members["worker0"].committed == 2
