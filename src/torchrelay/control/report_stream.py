@@ -5,7 +5,7 @@ A worker heartbeats twice a second, and a recovery has each of its processes pos
 (``comm_ready``, ``transfer_done``, its first step): as unary calls each costs the controller's
 gRPC server a new HTTP/2 stream, its metadata and its own completion events; as messages on an
 open stream, a read and a write (docs/benchmarks.md, "Reports on open streams": the
-controller's CPU per heartbeat falls by 45 %). Each :class:`Lane` of a process is a stream of
+controller's CPU per heartbeat halves). Each :class:`Lane` of a process is a stream of
 its own, used by one thread (the heartbeat thread, the poster), so a report waits only for the
 ones of its own lane. Synchronous reports (a halt, an error) stay unary calls: any thread may
 send one, from inside another's failover too.
