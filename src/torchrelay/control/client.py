@@ -155,27 +155,41 @@ class ControlClient:
             self.on_failover(found)
 
     def _call(self, name: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+        request = {"process": self.process, **body}
+
+        def attempt(conn: _Connection, left: float) -> bytes:
+            sealed = seal(request, self._token)
+            return conn.methods[name](sealed, timeout=left, wait_for_ready=True)
+
+        return self._following(attempt, timeout)
+
+    def _following(
+        self, attempt: Callable[[_Connection, float], bytes], timeout: float
+    ) -> dict[str, Any]:
+        """The unsealed answer of ``attempt(connection, seconds left)``, made again on a new
+        leader's connection when the controller cannot be reached, within ``timeout``.
+
+        Raises :class:`ControlError` with the status code of the attempt's failure (a
+        ``grpc.RpcError``, or a stream's :class:`StreamEnded`)."""
         deadline = time.monotonic() + timeout
         while True:
             conn = self._conn
             try:
-                response = conn.methods[name](
-                    seal({"process": self.process, **body}, self._token),
-                    timeout=max(0.0, deadline - time.monotonic()),
-                    wait_for_ready=True,
-                )
+                return unseal(attempt(conn, max(0.0, deadline - time.monotonic())), self._token)
             except grpc.RpcError as exc:
-                # A new leader may take a lease's length to come: wait for it within the
-                # call's own timeout (a heartbeat's is short, so its lease still rules).
-                left = deadline - time.monotonic()
-                if exc.code() in UNREACHABLE and left > 0 and self._moved(conn, left):
-                    continue
-                raise ControlError(exc.code().name, exc.details() or "") from None
+                code, details = exc.code(), exc.details() or ""
+            except StreamEnded as exc:
+                code, details = exc.code, exc.details
             except ValueError:  # a call started on a channel another thread just closed
                 if self._conn is not conn:
                     continue
                 raise ControlError("CANCELLED", "the connection was closed") from None
-            return unseal(response, self._token)
+            # A new leader may take a lease's length to come: wait for it within the call's
+            # own timeout (a heartbeat's is short, so its lease still rules).
+            left = deadline - time.monotonic()
+            if code in UNREACHABLE and left > 0 and self._moved(conn, left):
+                continue
+            raise ControlError(code.name, details)
 
     def join(
         self,
@@ -200,29 +214,18 @@ class ControlClient:
         Raises :class:`ControlError` as :meth:`send` does, and follows a new leader the same
         way, within ``timeout``."""
         request = {"process": self.process, **report.to_wire()}
-        deadline = time.monotonic() + timeout
-        reopened = False
-        while True:
-            conn = self._conn
+
+        def attempt(conn: _Connection, left: float) -> bytes:
             try:
-                answer = conn.stream(lane).exchange(
-                    seal(request, self._token), max(0.0, deadline - time.monotonic())
-                )
+                return conn.stream(lane).exchange(seal(request, self._token), left)
             except StreamEnded as exc:
-                # A stream that ended between two requests is replaced once by a new one, which
-                # waits for the connection; a new one that ended too is an error.
-                if exc.unsent and not reopened:
-                    reopened = True
-                    continue
-                left = deadline - time.monotonic()
-                if exc.code in UNREACHABLE and left > 0 and self._moved(conn, left):
-                    continue
-                raise ControlError(exc.code.name, exc.details) from None
-            except ValueError:  # the channel was closed by another thread's move
-                if self._conn is not conn:
-                    continue
-                raise ControlError("CANCELLED", "the connection was closed") from None
-            return unseal(answer, self._token)
+                # A stream that ended between two requests is replaced once by a new one,
+                # which waits for the connection; a new one that ended too is an error.
+                if not exc.unsent:
+                    raise
+            return conn.stream(lane).exchange(seal(request, self._token), left)
+
+        return self._following(attempt, timeout)
 
     def report(self, kind: str, timeout: float = 30.0, **body: Any) -> dict[str, Any]:
         """An untyped report, as a test or a tool writes it: the controller decodes it and
