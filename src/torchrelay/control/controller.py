@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from torchrelay.chaos import ChaosEvent
@@ -57,6 +58,13 @@ from torchrelay.events import Event
 from torchrelay.ledger import Ledger
 
 __all__ = ["AgentHandle", "Controller", "FencedError", "ProtocolError"]
+
+
+@dataclass
+class Waking:
+    """Whether a transition wakes the controller's waiters (set by the transition)."""
+
+    waiters: bool = True
 
 
 class Controller(Coordinator, PoolSide, OperatorSide):
@@ -141,7 +149,9 @@ class Controller(Coordinator, PoolSide, OperatorSide):
             return liveness.hang_timeout(self.job, self.config)
 
     def wait_until(self, predicate: Callable[[], bool], timeout: float | None = None) -> bool:
-        """Block until ``predicate()`` holds under the controller's lock (re-checked on change)."""
+        """Block until ``predicate()`` holds under the controller's lock: re-checked after
+        each transition, and at least at every monitor tick (a heartbeat that decides nothing
+        wakes no waiter, see :func:`membership.wakes`)."""
         with self._cond:
             return self._cond.wait_for(predicate, timeout)
 
@@ -181,16 +191,19 @@ class Controller(Coordinator, PoolSide, OperatorSide):
 
     # ---------------------------------------------------------------- transitions
     @contextmanager
-    def _transition(self) -> Iterator[None]:
-        """Hold the lock around one transition; wake every waiter after it, refused or not."""
+    def _transition(self) -> Iterator[Waking]:
+        """Hold the lock around one transition; wake every waiter after it, refused or not,
+        unless the transition sets ``waiters`` of what it is given to ``False``."""
+        waking = Waking()
         with self._cond:
             try:
-                yield
+                yield waking
             except Refused as refused:
                 self._executor.apply(refused.actions)
                 raise refused.error from None
             finally:
-                self._cond.notify_all()
+                if waking.waiters:
+                    self._cond.notify_all()
 
     def _apply(self, actions: list[Action], unless_acting: bool = False) -> None:
         """Carry out ``actions`` once the state that decided them is durable (with a state
@@ -273,9 +286,11 @@ class Controller(Coordinator, PoolSide, OperatorSide):
         """Handle one report from a process (see :func:`membership.report`); a ``progress``
         report is answered with the worker's lease, the hang timeout (it stops on its own if
         it cannot get a heartbeat through)."""
-        with self._transition():
+        with self._transition() as waking:
             again = relearnt(self.job, message)
-            self._apply(membership.report(self.job, process, message, time.time()), again)
+            actions = membership.report(self.job, process, message, time.time())
+            self._apply(actions, again)
+            waking.waiters = membership.wakes(message, actions)
             if isinstance(message, Progress):
                 return Lease(hang_timeout=self.job.hang_timeout)
             return None

@@ -94,6 +94,19 @@ def report(job: JobState, process: str, message: Report, now: float) -> list[Act
     return handler(job, member, message, now)
 
 
+def wakes(message: Report, actions: list[Action]) -> bool:
+    """Whether handling ``message``, which decided ``actions``, may change what one of the
+    controller's waiters waits for. A heartbeat that decided nothing does not: the recovery
+    coordinator waits for halts, phases, spares and exits; the monitor for its next tick, by
+    the clock (it reads the heartbeats then); the launcher for the job's end.
+
+    Every process heartbeats twice a second. Waking the waiters on each heartbeat cost each a
+    thread switch under the lock, and, during a recovery, the coordinator a look over every
+    survivor: O(ranks) per heartbeat, O(ranks^2) a second.
+    """
+    return bool(actions) or not isinstance(message, Progress) or message.first_after_recovery
+
+
 def _check_fence(job: JobState, member: Member, message: Report) -> None:
     generation = member.generation if message.generation is None else message.generation
     stale = member.state in GONE or (
