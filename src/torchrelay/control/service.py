@@ -14,8 +14,10 @@ is counted (:mod:`torchrelay.control.rejections`). Responses are sealed with the
 Scale: the server runs on ``grpc.aio`` with its event loop in one background thread, so an open
 stream is a suspended coroutine awaiting its :class:`~torchrelay.control.outbox.Outbox`, not a
 thread: thousands of processes can hold one each. The controller's methods are synchronous
-and take its lock (``Chaos`` may wait 10 s for a node agent), so unary handlers run them in a
-small thread pool and the loop itself never blocks on the controller.
+and take its lock (``Chaos`` may wait 10 s for a node agent), so the loop itself never blocks
+on the controller: reports (a worker's and a node agent's, unary or on a stream) are handed to
+it in batches by one thread (:mod:`torchrelay.control.handoff`), other requests run in a small
+thread pool.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -32,6 +35,7 @@ import grpc
 from torchrelay.control.client import SERVICE
 from torchrelay.control.controller import Controller
 from torchrelay.control.errors import FencedError, ProtocolError
+from torchrelay.control.handoff import Handoff
 from torchrelay.control.outbox import Outbox
 from torchrelay.control.protocol import (
     JoinRequest,
@@ -44,6 +48,9 @@ from torchrelay.control.replay import FRESHNESS_WINDOW, ReplayGuard
 from torchrelay.control.wire import MAX_MESSAGE_BYTES, WireError, open_sealed, seal
 
 T = TypeVar("T")
+Handler = Callable[[dict[str, Any]], dict[str, Any] | Wire | None]
+# How a handler is run off the loop: in the thread pool, or handed off with the reports.
+Run = Callable[[Handler, dict[str, Any]], Awaitable[dict[str, Any] | Wire | None]]
 # How often the open streams are checked for a process or node that is gone (as before).
 POLL_SECONDS = 0.5
 MAX_PENDING_REQUESTS = 1 << 16
@@ -86,6 +93,8 @@ class ControlServer:
             target=self._loop.run_forever, name="torchrelay-control-loop", daemon=True
         )
         self._thread.start()
+        # Reports, the bulk of the requests, go to the controller in batches, in one thread.
+        self._reports = Handoff(self._loop, "torchrelay-control-reports")
         self._server: grpc.aio.Server = self._run(self._create(host, port))
         self.address = f"{host}:{self.port}"
 
@@ -110,7 +119,7 @@ class ControlServer:
             "Join": grpc.unary_unary_rpc_method_handler(
                 self._unary(lambda body: c.join(_name(body), JoinRequest.from_wire(body)))
             ),
-            "Report": grpc.unary_unary_rpc_method_handler(self._unary(report)),
+            "Report": grpc.unary_unary_rpc_method_handler(self._unary(report, self._reports.call)),
             "Reports": grpc.stream_stream_rpc_method_handler(self._answers(report)),
             "Status": grpc.unary_unary_rpc_method_handler(self._unary(lambda _: c.status())),
             "NodeJoin": grpc.unary_unary_rpc_method_handler(
@@ -118,7 +127,8 @@ class ControlServer:
             ),
             "NodeReport": grpc.unary_unary_rpc_method_handler(
                 self._unary(
-                    lambda body: c.node_report(_name(body, "node"), decode_node_report(body))
+                    lambda body: c.node_report(_name(body, "node"), decode_node_report(body)),
+                    self._reports.call,
                 )
             ),
             "Chaos": grpc.unary_unary_rpc_method_handler(
@@ -126,7 +136,7 @@ class ControlServer:
                     lambda body: c.inject(
                         str(body["fault"]), str(body["target"]), float(body.get("seconds", 0.0))
                     ),
-                    self._drills,
+                    functools.partial(self._call, pool=self._drills),
                 )
             ),
             "Watch": grpc.unary_stream_rpc_method_handler(
@@ -173,6 +183,7 @@ class ControlServer:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
         self._loop.close()
+        self._reports.close()
         # A Chaos request may still wait for its node agent: let it end on its own.
         for pool in (self._pool, self._drills):
             pool.shutdown(wait=False, cancel_futures=True)
@@ -207,15 +218,16 @@ class ControlServer:
 
     async def _answer(
         self,
-        handler: Callable[[dict[str, Any]], dict[str, Any] | Wire | None],
+        handler: Handler,
         request: bytes,
         context: grpc.aio.ServicerContext,
-        pool: concurrent.futures.Executor | None = None,
+        run: Run | None = None,
     ) -> bytes:
-        """The sealed answer of ``handler`` to ``request``; else abort the RPC."""
+        """The sealed answer of ``handler`` to ``request``, run by ``run`` (by default in the
+        thread pool); else abort the RPC."""
         body = await self._open(request, context)
         try:
-            answer = await self._call(handler, body, pool=pool)
+            answer = await (run or self._call)(handler, body)
             return seal(_encode(answer), self._token)
         except FencedError as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"fenced: {exc}")
@@ -224,17 +236,15 @@ class ControlServer:
         raise AssertionError("unreachable")
 
     def _unary(
-        self,
-        handler: Callable[[dict[str, Any]], dict[str, Any] | Wire | None],
-        pool: concurrent.futures.Executor | None = None,
+        self, handler: Handler, run: Run | None = None
     ) -> Callable[[bytes, grpc.aio.ServicerContext], Awaitable[bytes]]:
         async def call(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-            return await self._answer(handler, request, context, pool)
+            return await self._answer(handler, request, context, run)
 
         return call
 
     def _answers(
-        self, handler: Callable[[dict[str, Any]], dict[str, Any] | Wire | None]
+        self, handler: Handler
     ) -> Callable[[AsyncIterator[bytes], grpc.aio.ServicerContext], AsyncIterator[bytes]]:
         """A bidirectional stream of requests each answered in turn, as ``_unary`` answers
         one (see :mod:`torchrelay.control.report_stream`). A refused request ends
@@ -244,7 +254,7 @@ class ControlServer:
             requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
         ) -> AsyncIterator[bytes]:
             async for request in requests:
-                yield await self._answer(handler, request, context)
+                yield await self._answer(handler, request, context, self._reports.call)
 
         return stream
 
