@@ -16,8 +16,8 @@ another, each once the previous recovery is done. Measured per scale:
 ``--state etcd`` starts a real etcd per scale and has the controller lead the job there, as
 ``torchrelay run --state etcd://...`` does. ``--beat-interval`` measures what a proposed change
 would give (heartbeats every 4 s have the RPC rate of node agents that carry their ranks'
-progress in their own heartbeats); ``--unary heartbeats,posted`` has ranks send their heartbeats
-and posted reports with a ``Report`` call each, as workers did before their streams of reports.
+progress in their own heartbeats); ``--unary heartbeats,reports`` has ranks send their heartbeats
+and other reports with a ``Report`` call each, as workers did before their streams of reports.
 
 A scale stops cleanly, and the sweep with it, when over 1 % of heartbeats miss their deadline,
 a report is refused, the controller records hangs, lost nodes or the job's end (it cannot keep
@@ -329,7 +329,7 @@ def main() -> None:
     parser.add_argument(
         "--unary",
         default="",
-        help="comma-separated lanes (heartbeats, posted) whose reports the ranks send with a "
+        help="comma-separated lanes (heartbeats, reports) whose reports the ranks send with a "
         "Report call each, as workers did before their streams of reports, for comparison",
     )
     parser.add_argument(

@@ -9,7 +9,7 @@ previous one was answered, with a 2 s deadline, as :func:`torchrelay.control.lea
 does). Each rank answers its messages as :mod:`torchrelay.runtime.recovery` does: an
 ``abort`` with ``halted``; a ``plan`` with the phases ``comm_ready`` and ``transfer_done`` and
 its first ``progress`` with ``first_after_recovery``, posted; a spare reports ``ready`` once
-joined. Heartbeats and posted reports go on the rank's open streams, one per lane, as a
+joined. Heartbeats and the other reports go on the rank's two open streams, one per lane, as a
 worker's do (a ``Report`` call each for the lanes in ``--unary``).
 
 A failure is a node agent reporting that one of its ranks exited (``NodeReport`` ``exit``,
@@ -209,9 +209,9 @@ class Cluster:
     async def send_on(
         self, rank: Rank, lane: Lane, body: dict[str, Any], timeout: float = 120.0
     ) -> dict[str, Any]:
-        """A rank's report on its open stream of ``lane``, as a worker sends its heartbeats
-        and posted reports (:mod:`torchrelay.control.report_stream`), the stream opened
-        again after one fails; a ``Report`` call of its own for a lane in ``unary``."""
+        """A rank's report on its open stream of ``lane``, as a worker sends its reports
+        (:mod:`torchrelay.control.report_stream`), the stream opened again after one fails; a
+        ``Report`` call of its own for a lane in ``unary``."""
         if lane in self.unary:
             return await self.call(rank.process, "Report", body, timeout=timeout)
         if lane not in rank.streams:
@@ -232,14 +232,11 @@ class Cluster:
                     del rank.streams[lane]
                 raise
 
-    async def post(self, rank: Rank, kind: str, **body: Any) -> dict[str, Any]:
-        """A report a worker posts (a recovery's phases, its first step)."""
-        body = {"kind": kind, "generation": rank.generation, **body}
-        return await self.send_on(rank, Lane.POSTED, body)
-
     async def report(self, rank: Rank, kind: str, **body: Any) -> dict[str, Any]:
+        """A report other than a heartbeat: one a worker waits for the answer of (a halt,
+        ``ready``, ``max_steps``), or posts (a recovery's phases, its first step)."""
         body = {"kind": kind, "generation": rank.generation, **body}
-        return await self.call(rank.process, "Report", body)
+        return await self.send_on(rank, Lane.REPORTS, body)
 
     def spawn(self, coroutine: Coroutine[Any, Any, Any]) -> None:
         if not self._running:  # closing: a spare asked for now is never needed
@@ -388,9 +385,9 @@ class Cluster:
     async def _enter(self, rank: Rank, plan: dict[str, Any]) -> None:
         rank.generation, rank.slot = int(plan["generation"]), int(plan["slot"])
         rank.committed = int(plan["target_step"])
-        await self.post(rank, "phase", phase="comm_ready", t=time.time())
-        await self.post(rank, "phase", phase="transfer_done", t=time.time(), bytes=0, seconds=0)
-        await self.post(
+        await self.report(rank, "phase", phase="comm_ready", t=time.time())
+        await self.report(rank, "phase", phase="transfer_done", t=time.time(), bytes=0, seconds=0)
+        await self.report(
             rank, "progress", step=rank.committed, first_after_recovery=True, t=time.time()
         )
 

@@ -18,7 +18,7 @@ def _ordered(figures: dict[str, float] | None) -> bool:
     return figures is not None and 0 < figures["p50"] <= figures["p99"] <= figures["max"]
 
 
-@pytest.mark.parametrize("unary", [(), ("heartbeats", "posted")], ids=["streams", "unary"])
+@pytest.mark.parametrize("unary", [(), ("heartbeats", "reports")], ids=["streams", "unary"])
 def test_smallest_scale_publishes_a_plan_per_failure_with_sane_figures(unary):
     options = Options(spares=1, failures=2, steady=2.0, timeout=120.0, unary=unary)
     result = measure(4, options)

@@ -1,6 +1,6 @@
 """Reports on open streams (control/report_stream.py, the ``Reports`` RPC) over real gRPC:
 answered as the unary call answers, refused as it refuses, bounded by the same deadline, one
-stream per lane, and opened again after a stream ends."""
+stream per lane shared by the threads that send on it, and opened again after a stream ends."""
 
 from __future__ import annotations
 
@@ -41,19 +41,65 @@ def test_a_heartbeat_on_the_stream_is_a_progress_report_and_gets_the_lease(job):
     assert worker._conn.stream(Lane.HEARTBEATS) is stream and not stream.ended
 
 
-def test_each_lane_is_a_stream_of_its_own_and_a_posted_report_is_handled_as_a_call(job):  # noqa: F811
+def test_each_lane_is_a_stream_of_its_own_and_a_report_is_handled_as_a_call(job):  # noqa: F811
     controller, _, client, _, _ = job
     worker = _worker(client)
     _beat(worker, Progress(generation=0, step=1))
-    assert worker.send_on(Lane.POSTED, PhaseDone(generation=0, phase="comm_ready", t=1.0)) == {}
-    assert worker._conn.stream(Lane.POSTED) is not worker._conn.stream(Lane.HEARTBEATS)
+    assert worker.send(PhaseDone(generation=0, phase="comm_ready", t=1.0)) == {}
+    assert worker._conn.stream(Lane.REPORTS) is not worker._conn.stream(Lane.HEARTBEATS)
     # A refusal on one lane ends that lane's stream only (a worker is never "ready").
     with pytest.raises(ControlError) as err:
-        worker.send_on(Lane.POSTED, Ready(generation=0))
+        worker.send(Ready(generation=0))
     assert err.value.code == "INVALID_ARGUMENT" and "reported ready" in err.value.message
     assert not worker._conn.stream(Lane.HEARTBEATS).ended
     _beat(worker, Progress(generation=0, step=2))
     assert controller.members["worker0"].committed == 2
+
+
+def test_threads_sending_on_one_lane_each_get_the_answer_to_their_own_report(job):  # noqa: F811
+    """The reports lane is every thread's (the poster's, a halt, an error): one request at a
+    time on its stream, so no thread reads the answer to another's."""
+    controller, _, client, _, _ = job
+    worker = _worker(client)
+    lease = {"hang_timeout": controller.config.hang_floor}
+
+    def sends(thread: int) -> list[bool]:
+        right = []
+        for i in range(25):
+            if (thread + i) % 2:
+                right.append(worker.send(Progress(generation=0, step=3)) == lease)
+            else:
+                phase = PhaseDone(generation=0, phase="comm_ready", t=float(i))
+                right.append(worker.send(phase) == {})
+        return right
+
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        answers = [ok for right in pool.map(sends, range(6)) for ok in right]
+    assert len(answers) == 150 and all(answers)
+    assert controller.members["worker0"].committed == 3
+
+
+def test_a_report_waits_for_its_lane_no_longer_than_its_timeout(job):  # noqa: F811
+    _, _, client, _, _ = job
+    worker = _worker(client)
+    held, release = threading.Event(), threading.Event()
+
+    def hold_the_lane() -> None:
+        with worker._lanes[Lane.REPORTS]:
+            held.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold_the_lane)
+    holder.start()
+    try:
+        held.wait(30)
+        with pytest.raises(ControlError) as err:
+            worker.send(PhaseDone(generation=0, phase="comm_ready", t=1.0), timeout=0.2)
+        assert err.value.code == "DEADLINE_EXCEEDED" and "busy" in err.value.message
+    finally:
+        release.set()
+        holder.join()
+    assert worker.send(PhaseDone(generation=0, phase="comm_ready", t=1.0)) == {}
 
 
 def test_a_fenced_process_is_refused_on_the_stream_as_on_a_call(job):  # noqa: F811

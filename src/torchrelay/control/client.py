@@ -116,6 +116,9 @@ class ControlClient:
         self._failover = failover
         self.on_failover = on_failover
         self._lock = threading.Lock()
+        # One request at a time on a lane's stream. Reentrant: a move to a new leader tells
+        # it again what this process waits with, from inside the send that found it.
+        self._lanes = {lane: threading.RLock() for lane in Lane}
         self._closed = False
         self._conn = _Connection(address)
 
@@ -204,15 +207,30 @@ class ControlClient:
         return JoinAnswer.from_wire(self._call("Join", request.to_wire(), timeout))
 
     def send(self, report: Report, timeout: float = 30.0) -> dict[str, Any]:
-        """Send a typed report; the answer is a :class:`Lease` for ``progress``, else empty."""
-        return self._call("Report", report.to_wire(), timeout)
+        """Send a typed report on the stream of :attr:`Lane.REPORTS`; the answer is a
+        :class:`Lease` for ``progress``, else empty."""
+        return self.send_on(Lane.REPORTS, report, timeout)
 
     def send_on(self, lane: Lane, report: Report, timeout: float = 30.0) -> dict[str, Any]:
-        """Send ``report`` on the stream of ``lane``, as :meth:`send` does with a call of its
-        own (see :mod:`torchrelay.control.report_stream`); from one thread per lane.
+        """Send ``report`` on the stream of ``lane`` (see
+        :mod:`torchrelay.control.report_stream`) and return the controller's answer; from any
+        thread, after the reports other threads are sending on the lane.
 
-        Raises :class:`ControlError` as :meth:`send` does, and follows a new leader the same
-        way, within ``timeout``."""
+        Raises :class:`ControlError` with the controller's refusal, or when no answer came
+        within ``timeout`` (``DEADLINE_EXCEEDED``; the wait for the lane counts); follows a new
+        leader within it, as every call does."""
+        deadline = time.monotonic() + timeout
+        lock = self._lanes[lane]
+        if not lock.acquire(timeout=timeout):
+            raise ControlError(
+                "DEADLINE_EXCEEDED", f"the {lane.value} stream stayed busy for {timeout:.1f} s"
+            )
+        try:
+            return self._exchange(lane, report, max(0.0, deadline - time.monotonic()))
+        finally:
+            lock.release()
+
+    def _exchange(self, lane: Lane, report: Report, timeout: float) -> dict[str, Any]:
         request = {"process": self.process, **report.to_wire()}
 
         def attempt(conn: _Connection, left: float) -> bytes:

@@ -1,18 +1,19 @@
-"""Reports over an open stream (the ``Reports`` RPC), not a call each: a process's heartbeats
-and its posted reports.
+"""Reports over an open stream (the ``Reports`` RPC), not a call each.
 
-A worker heartbeats twice a second, and a recovery has each of its processes post three reports
-(``comm_ready``, ``transfer_done``, its first step): as unary calls each costs the controller's
-gRPC server a new HTTP/2 stream, its metadata and its own completion events; as messages on an
-open stream, a read and a write (docs/benchmarks.md, "Reports on open streams": the
-controller's CPU per heartbeat halves). Each :class:`Lane` of a process is a stream of
-its own, used by one thread (the heartbeat thread, the poster), so a report waits only for the
-ones of its own lane. Synchronous reports (a halt, an error) stay unary calls: any thread may
-send one, from inside another's failover too.
+A worker heartbeats twice a second, and a recovery has each of its processes report four times
+(its halt, ``comm_ready``, ``transfer_done``, its first step): as unary calls each costs the
+controller's gRPC server a new HTTP/2 stream, its metadata and its own completion events; as
+messages on an open stream, a read and a write (docs/benchmarks.md, "Reports on open streams":
+the controller's CPU per heartbeat halves, and a failure at 1,024 ranks is planned in half the
+time once the halts are messages too). A process has two :class:`Lane` s, a stream each, so a
+heartbeat never waits behind a report, nor a recovery's report behind a heartbeat: its
+heartbeats, and every other report -- the poster's, and those a thread waits for (a halt, an
+error), which are sent after the posted ones anyway.
 
 Contract: :meth:`ReportStream.exchange` sends one sealed request and returns the controller's
 sealed answer to it. Answers come in the order of the requests, one each, and one thread
-sends at a time, so the answer read is the one to this request.
+sends at a time (the client holds its lane's lock), so the answer read is the one to this
+request.
 
 Failure behaviour: a stream that ends (the controller is gone, the connection was closed, the
 controller refused a request: ``FAILED_PRECONDITION`` for a fenced process) raises
@@ -36,10 +37,12 @@ import grpc
 
 
 class Lane(enum.Enum):
-    """A process's streams of reports, each sent from one thread."""
+    """A process's streams of reports."""
 
     HEARTBEATS = "heartbeats"  # the heartbeat thread's progress reports
-    POSTED = "posted"  # the poster's reports (see torchrelay.runtime.posting)
+    # Every other report: the poster's (see torchrelay.runtime.posting), and those a thread
+    # waits for the answer of (a halt, an error), from any thread.
+    REPORTS = "reports"
 
 
 class StreamEnded(Exception):

@@ -1,11 +1,11 @@
 """The control RPC server: a gRPC service carrying sealed JSON messages (see :mod:`wire`).
 
-Workers use ``Join`` and ``Report`` (unary), ``Reports`` (their heartbeats and posted reports,
-each answered in turn on a bidirectional stream: :mod:`torchrelay.control.report_stream`) and
-``Watch`` (a server stream of abort / plan / finish messages for one process); remote node
-agents use ``NodeJoin``, ``NodeReport`` (heartbeats, process exits) and ``NodeWatch``
-(start_spare / fence / chaos / finish); operators use ``Status`` and ``Chaos``. The client is
-:mod:`torchrelay.control.client`.
+Workers use ``Join`` (unary), ``Reports`` (their reports, each answered in turn on a
+bidirectional stream: :mod:`torchrelay.control.report_stream`; tests and tools send ``Report``,
+a unary call each) and ``Watch`` (a server stream of abort / plan / finish messages for one
+process); remote node agents use ``NodeJoin``, ``NodeReport`` (heartbeats, process exits) and
+``NodeWatch`` (start_spare / fence / chaos / finish); operators use ``Status`` and ``Chaos``.
+The client is :mod:`torchrelay.control.client`.
 
 Every request is authenticated before it is parsed, and admitted only once and while fresh
 (:mod:`torchrelay.control.replay`); a refused one gets ``UNAUTHENTICATED``, changes nothing, and

@@ -68,9 +68,11 @@ class ControlLink:
     _beating: threading.Lock
     _poster: Poster
 
-    def _send(self, report: Report) -> dict[str, Any]:
-        """Send ``report`` from this process's generation, after the reports posted before."""
-        self._poster.flush()
+    def _send(self, report: Report, after_posted: bool = True) -> dict[str, Any]:
+        """Send ``report`` from this process's generation (``after_posted``: after the reports
+        posted before)."""
+        if after_posted:
+            self._poster.flush()
         report = dataclasses.replace(report, generation=self.generation)
         if isinstance(report, Halted) and report.last_commit_t is None:
             # How long the survivors stall is measured from their last commit.
@@ -95,7 +97,9 @@ class ControlLink:
             os.write(2, f"torchrelay: the controller moved to {endpoint.control}\n".encode())
         with self._waiting_lock:
             if self._waiting is not None:
-                self._send(self._waiting)
+                # Not after what was posted since: the first time, it went before those. And
+                # this may run inside a send that holds the stream the poster waits for.
+                self._send(self._waiting, after_posted=False)
 
     def _warn(self, line: str, what: str, objects: tuple[str, ...] = ()) -> None:
         """Loudly: on stderr and in the job's ledger."""

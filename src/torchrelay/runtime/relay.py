@@ -112,7 +112,7 @@ class Relay(ControlLink, Recovery, ChaosInjection, Parking):
         self._watch_paused = threading.Event()
         self._beating = threading.Lock()
         self._poster = Poster(
-            lambda report: self._client.send_on(Lane.POSTED, report), posted_report_failed
+            lambda report: self._client.send_on(Lane.REPORTS, report), posted_report_failed
         )
         self.timer = StepTimer()
         self.checkpoints = Checkpointer.from_environ(
