@@ -46,13 +46,47 @@ def step(default: Any = MISSING) -> Any:
     return at_least(-1, STEP, default)
 
 
+# Every report of every process is decoded by the controller (two heartbeats a second each):
+# what a class's fields and hints are is looked up once, not for each message.
 @functools.cache
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
+def _shape(hint: Any) -> tuple[Any, tuple[Any, ...]]:
+    """``hint``'s origin and arguments (``int | None``: ``UnionType``, ``(int, NoneType)``)."""
+    return typing.get_origin(hint), typing.get_args(hint)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Field:
+    name: str
+    hint: Any
+    required: bool
+    omit: bool
+    floor: float | None
+    what: str | None
+
+
+@functools.cache
+def _fields(cls: type) -> tuple[_Field, ...]:
+    hints = typing.get_type_hints(cls)
+    return tuple(
+        _Field(
+            f.name,
+            hints[f.name],
+            f.default is MISSING and f.default_factory is MISSING,
+            bool(f.metadata.get("omit")),
+            f.metadata.get("floor"),
+            f.metadata.get("what"),
+        )
+        for f in dataclasses.fields(cls)
+    )
+
+
+@functools.cache
+def _floored(cls: type) -> tuple[_Field, ...]:
+    return tuple(f for f in _fields(cls) if f.floor is not None)
 
 
 def _conforms(value: Any, hint: Any) -> bool:
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    origin, args = _shape(hint)
     if origin in (typing.Union, types.UnionType):
         return any(_conforms(value, arg) for arg in args)
     if hint is Any:
@@ -82,15 +116,16 @@ def _conforms(value: Any, hint: Any) -> bool:
 def _convert(value: Any, hint: Any) -> Any:
     """JSON lists become the tuples the frozen classes hold; integers for floats, floats;
     an enumeration's value, its member."""
+    args = _shape(hint)[1]
     if isinstance(value, list):
-        tuples = [h for h in (hint, *typing.get_args(hint)) if typing.get_origin(h) is tuple]
+        tuples = [h for h in (hint, *args) if _shape(h)[0] is tuple]
         if not tuples:
             return tuple(value)
-        return tuple(_convert(v, typing.get_args(tuples[0])[0]) for v in value)
-    for kind in (hint, *typing.get_args(hint)):
+        return tuple(_convert(v, _shape(tuples[0])[1][0]) for v in value)
+    for kind in (hint, *args):
         if isinstance(kind, type) and issubclass(kind, enum.Enum) and _conforms(value, kind):
             return kind(value)
-    wants_float = hint is float or float in typing.get_args(hint)
+    wants_float = hint is float or float in args
     if wants_float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     return value
@@ -104,11 +139,10 @@ class Plain:
     TAG: ClassVar[str] = ""  # its value for this class
 
     def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):  # type: ignore[arg-type]
-            floor = f.metadata.get("floor")
+        for f in _floored(type(self)):
             value = getattr(self, f.name)
-            if floor is not None and value is not None and value < floor:
-                self._refuse(f"{f.name} {value!r} is not {f.metadata['what']}")
+            if value is not None and value < f.floor:  # type: ignore[operator]
+                self._refuse(f"{f.name} {value!r} is not {f.what}")
 
     @classmethod
     def _refuse(cls, why: str) -> typing.NoReturn:
@@ -116,9 +150,9 @@ class Plain:
 
     def to_plain(self) -> dict[str, Any]:
         plain: dict[str, Any] = {self.KEY: self.TAG} if self.KEY else {}
-        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+        for f in _fields(type(self)):
             value = getattr(self, f.name)
-            if value is None and f.metadata.get("omit"):
+            if value is None and f.omit:
                 continue
             plain[f.name] = (
                 [_plain(v) for v in value] if isinstance(value, tuple) else _plain(value)
@@ -132,17 +166,15 @@ class Plain:
         if cls.KEY and plain.get(cls.KEY) != cls.TAG:
             cls._refuse(f"{cls.KEY} is {plain.get(cls.KEY)!r}, not {cls.TAG!r}")
         values: dict[str, Any] = {}
-        hints = _hints(cls)
-        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        for f in _fields(cls):
             if f.name not in plain:
-                if f.default is MISSING and f.default_factory is MISSING:
+                if f.required:
                     cls._refuse(f"missing field {f.name!r}")
                 continue
             value = plain[f.name]
-            if not _conforms(value, hints[f.name]):
-                what = f.metadata.get("what") or _describe(hints[f.name])
-                cls._refuse(f"{f.name} {_short(value)} is not {what}")
-            values[f.name] = _convert(value, hints[f.name])
+            if not _conforms(value, f.hint):
+                cls._refuse(f"{f.name} {_short(value)} is not {f.what or _describe(f.hint)}")
+            values[f.name] = _convert(value, f.hint)
         return cls(**values)
 
 
@@ -152,7 +184,7 @@ def _plain(value: Any) -> Any:
 
 def _describe(hint: Any) -> str:
     """What a value of ``hint`` is, in words: ``a float or null``, ``a list of str``..."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    origin, args = _shape(hint)
     if origin in (typing.Union, types.UnionType):
         return " or ".join("null" if a is type(None) else _describe(a) for a in args)
     if origin is tuple:

@@ -83,11 +83,11 @@ class Executor:
 
     def outbox(self, process: str) -> Outbox:
         """The outbox of ``process``, made on first use (a process joins once)."""
-        return self.process_outboxes.setdefault(process, Outbox())
+        return _made(self.process_outboxes, process)
 
     def node_outbox(self, node: str) -> Outbox:
         """The outbox of node agent ``node``, made on first use."""
-        return self.node_outboxes.setdefault(node, Outbox())
+        return _made(self.node_outboxes, node)
 
     def open_node(self, node: str) -> None:
         """A node agent joined (again): a fresh outbox, its old stream is over."""
@@ -149,3 +149,12 @@ class Executor:
 
 def _no_pool(slots: int) -> None:
     raise RuntimeError(f"asked a pool for {slots} slot(s), but no pool link is attached")
+
+
+def _made(outboxes: dict[str, Outbox], name: str) -> Outbox:
+    """``outboxes[name]``, made if there is none (not ``setdefault``, which would make one
+    for every message sent)."""
+    outbox = outboxes.get(name)
+    if outbox is None:
+        outbox = outboxes[name] = Outbox()
+    return outbox
