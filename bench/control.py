@@ -16,8 +16,8 @@ another, each once the previous recovery is done. Measured per scale:
 ``--state etcd`` starts a real etcd per scale and has the controller lead the job there, as
 ``torchrelay run --state etcd://...`` does. ``--beat-interval`` measures what a proposed change
 would give (heartbeats every 4 s have the RPC rate of node agents that carry their ranks'
-progress in their own heartbeats); ``--unary heartbeats,reports`` has ranks send their heartbeats
-and other reports with a ``Report`` call each, as workers did before their streams of reports.
+progress in their own heartbeats); ``--unary heartbeats,reports,node-heartbeats`` has ranks send
+their reports, and node agents their heartbeats, with a call each, as before their streams.
 
 A scale stops cleanly, and the sweep with it, when over 1 % of heartbeats miss their deadline,
 a report is refused, the controller records hangs, lost nodes or the job's end (it cannot keep
@@ -44,8 +44,9 @@ from typing import Any
 
 import grpc
 
+from bench.control_ledger import Stopped
 from bench.control_report import summary, table, usage
-from bench.control_sim import PER_NODE, Cluster, Failure, Stopped
+from bench.control_sim import PER_NODE, Cluster, Failure
 from bench.procs import REPO_ROOT
 from tests.etcd import start_etcd
 from torchrelay.control.lease import HEARTBEAT_INTERVAL
@@ -329,8 +330,8 @@ def main() -> None:
     parser.add_argument(
         "--unary",
         default="",
-        help="comma-separated lanes (heartbeats, reports) whose reports the ranks send with a "
-        "Report call each, as workers did before their streams of reports, for comparison",
+        help="comma-separated lanes (heartbeats, reports, node-heartbeats) whose reports the "
+        "simulated processes send with a call each, as before their streams, for comparison",
     )
     parser.add_argument(
         "--state",

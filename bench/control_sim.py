@@ -3,7 +3,7 @@
 One grpc.aio process plays a whole cluster against a real controller: node 0 is the
 controller's own node (its ranks join and report over gRPC like any worker; its agent lives in
 the controller's process, see :mod:`bench.control`), nodes 1..N-1 are remote node agents
-(``NodeJoin``, a ``NodeWatch`` stream, a ``heartbeat`` ``NodeReport`` every 0.5 s). Every rank
+(``NodeJoin``, a ``NodeWatch`` stream, a ``heartbeat`` every 0.5 s on its stream). Every rank
 joins, holds its ``Watch`` stream and heartbeats (a ``progress`` report every 0.5 s after the
 previous one was answered, with a 2 s deadline, as :func:`torchrelay.control.lease.keep_alive`
 does). Each rank answers its messages as :mod:`torchrelay.runtime.recovery` does: an
@@ -19,7 +19,6 @@ SIGKILL); :meth:`Cluster.fail` times it from that report to the plan on every su
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from typing import Any
 
 import grpc
 
+from bench.control_ledger import LedgerTail
 from torchrelay.control.client import SERVICE
 from torchrelay.control.lease import HEARTBEAT_INTERVAL, HEARTBEAT_RPC_TIMEOUT
 from torchrelay.control.report_stream import Lane
@@ -38,6 +38,11 @@ MAX_STEPS = 1_000_000
 IN_FLIGHT = 256  # setup requests in flight at once (joins, reports): a burst, not a flood
 # A worker's step timings as it heartbeats them once it has committed a step.
 TIMINGS = {"step_seconds": 0.1, "compute_seconds": 0.08}
+# A process's open streams of reports (grpc.aio calls), one per lane once it has sent on it,
+# each with the lock that keeps one report at a time on it (as a worker's lane lock does).
+Streams = dict[Lane, tuple[Any, asyncio.Lock]]
+# The call that carries a lane's report instead, with --unary.
+UNARY = {Lane.HEARTBEATS: "Report", Lane.REPORTS: "Report", Lane.NODE_HEARTBEATS: "NodeReport"}
 
 
 @dataclass
@@ -50,9 +55,7 @@ class Rank:
     generation: int = 0
     committed: int = 0
     alive: bool = True
-    # Its open Reports streams (grpc.aio calls), one per lane once it has sent on it, each
-    # with the lock that keeps one report at a time on it (a worker's one thread per lane).
-    streams: dict[Lane, tuple[Any, asyncio.Lock]] = field(default_factory=dict)
+    streams: Streams = field(default_factory=dict)
 
 
 @dataclass
@@ -83,59 +86,6 @@ class Beats:
     sent: int = 0  # since the start
     bench_cpu: float = 0.0  # this process's CPU seconds while recording
     refused: list[str] = field(default_factory=list)  # heartbeats and other reports
-
-
-class LedgerTail:
-    """The controller's ledger as it grows: events are read, never written, by the bench."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.events: list[dict[str, Any]] = []
-        self._offset = 0
-        self._checked = 0  # events already judged by trouble()
-        self._trouble: str | None = None
-
-    def poll(self) -> None:
-        try:
-            with self.path.open("rb") as ledger:
-                ledger.seek(self._offset)
-                data = ledger.read()
-        except FileNotFoundError:
-            return
-        complete = data[: data.rfind(b"\n") + 1]
-        self._offset += len(complete)
-        self.events += [json.loads(line) for line in complete.splitlines()]
-
-    def trouble(self) -> str | None:
-        """Why the job is no longer a fair measurement: the controller saw hangs, lost nodes
-        or ended the job (what heartbeats that cannot get through lead to)."""
-        self.poll()
-        for event in self.events[self._checked :]:
-            if self._trouble is None and event["event"] in (
-                "hang_detected",
-                "node_lost",
-                "job_end",
-            ):
-                detail = event.get("reason") or event.get("status") or ""
-                self._trouble = f"controller ledger: {event['event']} {detail}".strip()
-        self._checked = len(self.events)
-        return self._trouble
-
-    async def until(self, done: Callable[[], bool], timeout: float) -> None:
-        """Wait until ``done()``; raise :class:`Stopped` as soon as :meth:`trouble` says why it
-        may never be, ``TimeoutError`` after ``timeout`` s."""
-        deadline = time.monotonic() + timeout
-        while not done():
-            trouble = self.trouble()
-            if trouble is not None:
-                raise Stopped(trouble)
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"not done in {timeout:.0f} s")
-            await asyncio.sleep(0.02)
-
-
-class Stopped(Exception):
-    """The controller cannot keep up (see :meth:`LedgerTail.trouble`)."""
 
 
 async def bounded(calls: Iterable[Coroutine[Any, Any, Any]], limit: int = IN_FLIGHT) -> list[Any]:
@@ -207,36 +157,36 @@ class Cluster:
         return unseal(reply, self.token)
 
     async def send_on(
-        self, rank: Rank, lane: Lane, body: dict[str, Any], timeout: float = 120.0
+        self, who: str, streams: Streams, lane: Lane, body: dict[str, Any], timeout: float = 120.0
     ) -> dict[str, Any]:
-        """A rank's report on its open stream of ``lane``, as a worker sends its reports
-        (:mod:`torchrelay.control.report_stream`), the stream opened again after one fails; a
-        ``Report`` call of its own for a lane in ``unary``."""
+        """The report of process ``who`` on its open stream of ``lane`` (``streams``: its open
+        ones), as a worker or a node agent sends it (:mod:`torchrelay.control.report_stream`),
+        the stream opened again after one fails; a call of its own for a lane in ``unary``."""
         if lane in self.unary:
-            return await self.call(rank.process, "Report", body, timeout=timeout)
-        if lane not in rank.streams:
-            channel = self._pool[self._channel(rank.process)]
-            call = channel.stream_stream(f"/{SERVICE}/Reports")(wait_for_ready=True)
-            rank.streams[lane] = (call, asyncio.Lock())
-        call, lock = rank.streams[lane]
+            return await self.call(who, UNARY[lane], body, timeout=timeout)
+        if lane not in streams:
+            channel = self._pool[self._channel(who)]
+            call = channel.stream_stream(f"/{SERVICE}/{lane.method}")(wait_for_ready=True)
+            streams[lane] = (call, asyncio.Lock())
+        call, lock = streams[lane]
         async with lock:
             try:
-                await call.write(seal({"process": rank.process, **body}, self.token))
+                await call.write(seal({"process": who, **body}, self.token))
                 reply = await asyncio.wait_for(call.read(), timeout)
-                if reply is grpc.aio.EOF:  # ends the rank's reports: the scale stops
-                    raise RuntimeError(f"the controller ended a stream of {rank.process}")
+                if reply is grpc.aio.EOF:  # ends the process's reports: the scale stops
+                    raise RuntimeError(f"the controller ended a stream of {who}")
                 return unseal(reply, self.token)
             except BaseException:
                 call.cancel()
-                if rank.streams.get(lane, (None,))[0] is call:
-                    del rank.streams[lane]
+                if streams.get(lane, (None,))[0] is call:
+                    del streams[lane]
                 raise
 
     async def report(self, rank: Rank, kind: str, **body: Any) -> dict[str, Any]:
         """A report other than a heartbeat: one a worker waits for the answer of (a halt,
         ``ready``, ``max_steps``), or posts (a recovery's phases, its first step)."""
         body = {"kind": kind, "generation": rank.generation, **body}
-        return await self.send_on(rank, Lane.REPORTS, body)
+        return await self.send_on(rank.process, rank.streams, Lane.REPORTS, body)
 
     def spawn(self, coroutine: Coroutine[Any, Any, Any]) -> None:
         if not self._running:  # closing: a spare asked for now is never needed
@@ -308,43 +258,48 @@ class Cluster:
 
     # ------------------------------------------------------------------ steady state
     async def _heartbeat(self, rank: Rank) -> None:
-        while self._running and rank.alive:
-            await asyncio.sleep(self.beat_interval)
-            body: dict[str, Any] = {"step": rank.committed}
+        def beat() -> dict[str, Any]:
+            body = {"kind": "progress", "generation": rank.generation, "step": rank.committed}
             if rank.slot is not None:
                 body.update(step_age=0.01, waiting=None, busy=None, **self.timings)
+            return body
+
+        going = lambda: rank.alive  # noqa: E731  (a dead rank's last heartbeat may be refused)
+        lane, latencies = Lane.HEARTBEATS, self.beats.latencies
+        await self._beats(rank.process, rank.streams, lane, beat, latencies, going)
+
+    async def _node_heartbeat(self, node: str) -> None:
+        beat = {"node": node, "kind": "heartbeat"}
+        lane, latencies = Lane.NODE_HEARTBEATS, self.beats.node_latencies
+        await self._beats(f"agent-{node}", {}, lane, lambda: beat, latencies, lambda: True)
+
+    async def _beats(
+        self,
+        who: str,
+        streams: Streams,
+        lane: Lane,
+        beat: Callable[[], dict[str, Any]],
+        latencies: list[float],
+        going: Callable[[], bool],
+    ) -> None:
+        """``who``'s heartbeats on ``lane`` while ``going()``, each an interval after the
+        last was answered (a rank's ``beat_interval``; a node agent's 0.5 s)."""
+        interval = self.beat_interval if lane is Lane.HEARTBEATS else HEARTBEAT_INTERVAL
+        while self._running and going():
+            await asyncio.sleep(interval)
             sent = time.perf_counter()
             self.beats.sent += 1
             try:
-                beat = {"kind": "progress", "generation": rank.generation, **body}
-                await self.send_on(rank, Lane.HEARTBEATS, beat, HEARTBEAT_RPC_TIMEOUT)
+                await self.send_on(who, streams, lane, beat(), HEARTBEAT_RPC_TIMEOUT)
             except asyncio.TimeoutError:  # no answer within the deadline, on the stream
                 self.beats.timed_out += 1
                 continue
             except grpc.aio.AioRpcError as exc:
-                if rank.alive:  # a dead rank's last heartbeat may be refused (fenced)
-                    self._beat_failed(rank.process, exc)
+                if going():
+                    self._beat_failed(who, exc)
                 continue
             if self.beats.recording:
-                self.beats.latencies.append(time.perf_counter() - sent)
-
-    async def _node_heartbeat(self, node: str) -> None:
-        while self._running:
-            await asyncio.sleep(HEARTBEAT_INTERVAL)
-            sent = time.perf_counter()
-            self.beats.sent += 1
-            try:
-                await self.call(
-                    f"agent-{node}",
-                    "NodeReport",
-                    {"node": node, "kind": "heartbeat"},
-                    timeout=HEARTBEAT_RPC_TIMEOUT,
-                )
-            except grpc.aio.AioRpcError as exc:
-                self._beat_failed(node, exc)
-                continue
-            if self.beats.recording:
-                self.beats.node_latencies.append(time.perf_counter() - sent)
+                latencies.append(time.perf_counter() - sent)
 
     def _beat_failed(self, who: str, exc: grpc.aio.AioRpcError) -> None:
         if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:

@@ -12,7 +12,7 @@ import pytest
 
 from tests.test_control_plane import job  # noqa: F401  (the controller behind a real server)
 from torchrelay.control.client import SERVICE, ControlClient, ControlError
-from torchrelay.control.protocol import PhaseDone, Progress, Ready
+from torchrelay.control.protocol import NodeHeartbeat, PhaseDone, Progress, Ready
 from torchrelay.control.report_stream import Lane, ReportStream, StreamEnded
 from torchrelay.control.service import ControlServer
 
@@ -100,6 +100,27 @@ def test_a_report_waits_for_its_lane_no_longer_than_its_timeout(job):  # noqa: F
         release.set()
         holder.join()
     assert worker.send(PhaseDone(generation=0, phase="comm_ready", t=1.0)) == {}
+
+
+def test_a_node_agents_heartbeats_go_on_a_stream_of_their_own(job):  # noqa: F811
+    controller, _, client, _, _ = job
+    agent = client("agent@node1")
+    agent.node_join("node1")
+    seen = []
+    for _ in range(3):
+        agent.node_report("node1", NodeHeartbeat(), timeout=5.0)
+        seen.append(controller.nodes["node1"].last_seen)
+    assert seen == sorted(seen) and seen[0] < seen[-1]
+    assert set(agent._conn._streams) == {Lane.NODE_HEARTBEATS}  # they went on it
+    stream = agent._conn._streams[Lane.NODE_HEARTBEATS]
+    assert not stream.ended
+    # A lost node's heartbeat is refused on the stream as the call was.
+    controller.config.node_timeout = 0.1
+    controller.start_monitor(interval=0.05)
+    assert controller.wait_until(lambda: not controller.nodes["node1"].alive, timeout=10)
+    with pytest.raises(ControlError) as err:
+        agent.node_report("node1", NodeHeartbeat(), timeout=5.0)
+    assert err.value.code == "FAILED_PRECONDITION" and stream.ended
 
 
 def test_a_fenced_process_is_refused_on_the_stream_as_on_a_call(job):  # noqa: F811

@@ -28,6 +28,7 @@ from torchrelay.control.protocol import (
     JoinAnswer,
     JoinRequest,
     Message,
+    NodeHeartbeat,
     NodeJoin,
     NodeJoinAnswer,
     NodeReport,
@@ -76,7 +77,8 @@ class _Connection:
         }
         for name in ("Watch", "NodeWatch"):
             self.methods[name] = self.channel.unary_stream(f"/{SERVICE}/{name}")
-        self._open_reports = self.channel.stream_stream(f"/{SERVICE}/Reports")
+        for name in ("Reports", "NodeReports"):
+            self.methods[name] = self.channel.stream_stream(f"/{SERVICE}/{name}")
         self._streams: dict[Lane, ReportStream] = {}
 
     def stream(self, lane: Lane) -> ReportStream:
@@ -85,8 +87,9 @@ class _Connection:
         Raises ``ValueError`` if the channel was closed (by another thread's move)."""
         stream = self._streams.get(lane)
         if stream is None or stream.ended:
+            method = self.methods[lane.method]
             stream = self._streams[lane] = ReportStream(
-                lambda requests: self._open_reports(requests, wait_for_ready=True), lane
+                lambda requests: method(requests, wait_for_ready=True), lane
             )
         return stream
 
@@ -219,6 +222,9 @@ class ControlClient:
         Raises :class:`ControlError` with the controller's refusal, or when no answer came
         within ``timeout`` (``DEADLINE_EXCEEDED``; the wait for the lane counts); follows a new
         leader within it, as every call does."""
+        return self._on_lane(lane, report.to_wire(), timeout)
+
+    def _on_lane(self, lane: Lane, body: dict[str, Any], timeout: float) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         lock = self._lanes[lane]
         if not lock.acquire(timeout=timeout):
@@ -226,12 +232,12 @@ class ControlClient:
                 "DEADLINE_EXCEEDED", f"the {lane.value} stream stayed busy for {timeout:.1f} s"
             )
         try:
-            return self._exchange(lane, report, max(0.0, deadline - time.monotonic()))
+            return self._exchange(lane, body, max(0.0, deadline - time.monotonic()))
         finally:
             lock.release()
 
-    def _exchange(self, lane: Lane, report: Report, timeout: float) -> dict[str, Any]:
-        request = {"process": self.process, **report.to_wire()}
+    def _exchange(self, lane: Lane, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+        request = {"process": self.process, **body}
 
         def attempt(conn: _Connection, left: float) -> bytes:
             try:
@@ -265,8 +271,14 @@ class ControlClient:
         return NodeJoinAnswer.from_wire(answer)
 
     def node_report(self, node: str, report: NodeReport, timeout: float = 30.0) -> None:
-        """A node agent's heartbeat, process exit or chaos notice."""
-        self._call("NodeReport", {"node": node, **report.to_wire()}, timeout)
+        """A node agent's heartbeat (on its open stream, :attr:`Lane.NODE_HEARTBEATS`), or
+        its report of a process exit, a chaos notice, health readings, a copy's outcome (a
+        call each: rare, and from several threads)."""
+        body = {"node": node, **report.to_wire()}
+        if isinstance(report, NodeHeartbeat):
+            self._on_lane(Lane.NODE_HEARTBEATS, body, timeout)
+        else:
+            self._call("NodeReport", body, timeout)
 
     def chaos(self, fault: str, target: str, seconds: float = 0.0) -> dict[str, Any]:
         """Have the agent of ``target`` (a process or a node) inject ``fault`` (operators)."""

@@ -8,7 +8,8 @@ the controller's CPU per heartbeat halves, and a failure at 1,024 ranks is plann
 time once the halts are messages too). A process has two :class:`Lane` s, a stream each, so a
 heartbeat never waits behind a report, nor a recovery's report behind a heartbeat: its
 heartbeats, and every other report -- the poster's, and those a thread waits for (a halt, an
-error), which are sent after the posted ones anyway.
+error), which are sent after the posted ones anyway. A node agent's heartbeats (two a second
+per node) have a lane of their own too.
 
 Contract: :meth:`ReportStream.exchange` sends one sealed request and returns the controller's
 sealed answer to it. Answers come in the order of the requests, one each, and one thread
@@ -43,6 +44,13 @@ class Lane(enum.Enum):
     # Every other report: the poster's (see torchrelay.runtime.posting), and those a thread
     # waits for the answer of (a halt, an error), from any thread.
     REPORTS = "reports"
+    # A node agent's heartbeats (the NodeReports RPC); its other reports, rare, are calls.
+    NODE_HEARTBEATS = "node-heartbeats"
+
+    @property
+    def method(self) -> str:
+        """The RPC whose streams carry this lane."""
+        return "NodeReports" if self is Lane.NODE_HEARTBEATS else "Reports"
 
 
 class StreamEnded(Exception):
