@@ -5,13 +5,13 @@ block on them. Handing each report to a thread pool (``loop.run_in_executor``) c
 the loop's time than the controller's transition itself: a ``concurrent.futures.Future`` with
 its own condition variable, a wrapping asyncio future, and a write to the loop's self-pipe for
 every answer. A controller serves every process's heartbeats (two a second each) and a
-recovery's reports (about six per rank), all under one lock and on one interpreter.
+recovery's reports (four per rank), all under one lock and on one interpreter.
 
 :class:`Handoff` is one thread that takes the reports in the order they arrived: the loop
 appends a call and an asyncio future to a queue and wakes the thread if it sleeps; the thread
-runs every queued call, then settles the batch's futures with one wake of the loop (a
-long batch in parts of :data:`SETTLE_EVERY`). Under
-load a batch holds many reports, so the hand-off's cost per report falls as the load grows.
+runs every queued call, then settles the batch's futures with one wake of the loop (a long
+batch in parts of :data:`SETTLE_EVERY`). Under load a batch holds many reports, so the
+hand-off's cost per report falls as the load grows.
 
 Failure behaviour: an exception a call raises is the awaiting coroutine's, as if it had called
 it directly; a future whose RPC was cancelled meanwhile is skipped. A call that blocks (the
